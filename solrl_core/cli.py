@@ -1,0 +1,124 @@
+"""The `solrl` command: run, pretrain, config.
+
+User errors (bad config, unknown names, missing model files) end with exit code 2 and one line
+on stderr, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from solrl_core.config import ConfigError, config_keys, parse_override, to_yaml
+from solrl_core.presets import FAMILIES, PRESETS, resolve_config
+
+USER_ERROR = 2
+
+
+class UserError(Exception):
+    pass
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="solrl", description="Sol-RL: quantized exploration, full-precision training.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    run = commands.add_parser("run", help="train with one family on one preset")
+    _add_config_arguments(run)
+    run.add_argument("--iterations", type=int, help="iterations to run (same as -S iterations=N)")
+    run.add_argument("--out", required=True, help="output directory (ledger.parquet, metrics.jsonl, summary.json)")
+
+    config = commands.add_parser("config", help="print the resolved configuration as YAML")
+    _add_config_arguments(config)
+    config.add_argument("--keys", action="store_true", help="list every key -S accepts")
+
+    pretrain = commands.add_parser("pretrain", help="pretrain the embedded world's base model")
+    pretrain.add_argument("--preset", default="shapes-tiny", choices=["shapes-tiny"])
+    pretrain.add_argument("--steps", type=int, default=None)
+    pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")
+    return parser
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--family", default="sol_rl", help=f"one of: {', '.join(FAMILIES)}")
+    parser.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. -S pool=48 -S explore.steps=4")
+
+
+def resolve_from_args(args: argparse.Namespace):
+    overrides = [parse_override(text) for text in args.overrides]
+    if getattr(args, "iterations", None) is not None:
+        overrides.append(("iterations", args.iterations))
+    return resolve_config(args.preset, args.family, overrides)
+
+
+def command_run(args: argparse.Namespace) -> int:
+    config = resolve_from_args(args)
+    out_dir = Path(args.out).expanduser().resolve()
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"output directory {out_dir} is not empty; choose a new --out")
+    from solrl_core.models.shapes_tiny import ModelFilesMissing
+    from solrl_core.report import print_summary
+    from solrl_core.training import run_training
+
+    try:
+        summary = run_training(config, out_dir)
+    except ModelFilesMissing as missing:
+        raise UserError(str(missing)) from None
+    print_summary(summary)
+    return 0
+
+
+def command_config(args: argparse.Namespace) -> int:
+    if args.keys:
+        print("\n".join(config_keys()))
+        return 0
+    print(to_yaml(resolve_from_args(args)), end="")
+    return 0
+
+
+def command_pretrain(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from solrl_core.models.shapes_tiny import CHECKPOINT
+    from solrl_core.world.pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings()
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UserError(f"--steps ({args.steps}) must be >= 1")
+        settings = replace(settings, steps=args.steps)
+    out = Path(args.out).expanduser().resolve() if args.out else CHECKPOINT
+    record = pretrain(out, settings)
+    print(f"pretrained in {record['seconds']}s, final loss {record['final_loss']:.4f}; wrote {out}")
+    return 0
+
+
+COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain}
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UserError, ConfigError) as error:
+        print(f"solrl: error: {error}", file=sys.stderr)
+        return USER_ERROR
+    except KeyboardInterrupt:
+        print("solrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

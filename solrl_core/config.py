@@ -1,0 +1,330 @@
+"""One typed configuration: defaults, then a preset, then a family, then the user's overrides.
+
+Every key a user can set with ``-S key=value`` is a dotted path into :class:`Config`.
+Validation happens once, here, and raises :class:`ConfigError` with one line that says what is
+wrong and what is allowed; the CLI turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+FAMILIES = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")
+SAMPLERS = ("euler", "dpm2")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; the message is one actionable line."""
+
+
+@dataclass
+class ModelConfig:
+    # Name of the loader in solrl_core.models.registry ("shapes-tiny", "flux", "sana", "sd3").
+    loader: str = "shapes-tiny"
+    # Local directory (or Hugging Face repo id resolved in the local cache only).
+    path: str = ""
+    # "auto" means bfloat16 on a GPU and float32 on a CPU (this CPU has no bf16 units).
+    dtype: str = "auto"
+    device: str = "auto"
+    resolution: int = 32
+    guidance: float = 1.0
+
+
+@dataclass
+class SamplerConfig:
+    kind: str = "dpm2"
+    # Flow-matching timestep shift: sigma' = shift*sigma / (1 + (shift-1)*sigma).
+    shift: float = 1.0
+
+
+@dataclass
+class QuantConfig:
+    # fnmatch patterns on qualified module names that stay in full precision.
+    skip: list[str] = field(default_factory=list)
+    # Linear layers with max(in, out) <= min_dim stay in full precision.
+    min_dim: int = 0
+
+
+@dataclass
+class ExploreConfig:
+    backend: str = "emulated-nvfp4"
+    steps: int = 6
+    chunk: int = 24
+
+
+@dataclass
+class RegenerateConfig:
+    # False: train on the exploration samples themselves (diffusionnft, naive_* families).
+    enabled: bool = True
+    steps: int = 10
+    chunk: int = 24
+
+
+@dataclass
+class LoraConfigSpec:
+    rank: int = 32
+    alpha: int = 64
+    targets: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 3e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0
+    # DiffusionNFT: implicit-policy mixing strength and advantage clip.
+    nft_beta: float = 1.0
+    adv_clip: float = 5.0
+    kl_weight: float = 1e-4
+    timestep_fraction: float = 0.6
+    # Optimizer steps per iteration (the paper: one); the kept samples are split evenly.
+    steps_per_iteration: int = 1
+    micro_batch: int = 32
+    # Old-policy soft update: eta = min(eta_rate * iteration, eta_max).
+    eta_rate: float = 0.001
+    eta_max: float = 0.5
+    ema_max_decay: float = 0.9
+    lora: LoraConfigSpec = field(default_factory=LoraConfigSpec)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 20
+    steps: int = 28
+    prompts: int = 16
+    seeds_per_prompt: int = 2
+    chunk: int = 64
+    rewards: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PromptConfig:
+    # Text files with one prompt per line; empty means the embedded world's caption generator.
+    train_file: str = ""
+    eval_file: str = ""
+    # Size of the generated training pool (embedded world only).
+    train_pool: int = 1024
+
+
+@dataclass
+class Config:
+    preset: str = "shapes-tiny"
+    family: str = "sol_rl"
+    seed: int = 0
+    iterations: int = 10
+    pool: int = 96
+    keep: int = 24
+    prompts_per_iteration: int = 48
+    # Reward name -> weight; the weighted sum ranks seeds and forms advantages.
+    rewards: dict[str, float] = field(default_factory=lambda: {"shapes-compliance": 1.0})
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Dotted-key access
+
+
+def config_keys(obj: Any = None, prefix: str = "") -> list[str]:
+    """Every settable dotted key (leaves only), in declaration order."""
+    obj = Config() if obj is None else obj
+    keys = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(config_keys(value, f"{prefix}{f.name}."))
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _field_type(owner: Any, name: str) -> Any:
+    hints = typing.get_type_hints(type(owner))
+    return hints[name]
+
+
+def _coerce(key: str, raw: Any, expected: Any) -> Any:
+    """Convert a parsed YAML value to the field's declared type, or raise a one-line error."""
+    origin = typing.get_origin(expected)
+    bad = ConfigError(f"{key}: expected {_type_name(expected)}, got {raw!r}")
+    if expected is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise bad
+    if expected is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise bad
+        return raw
+    if expected is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise bad
+        return float(raw)
+    if expected is str:
+        if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            return str(raw)
+        raise bad
+    if origin is list:
+        (item_type,) = typing.get_args(expected)
+        if isinstance(raw, str):
+            raw = [part.strip() for part in raw.split(",") if part.strip()]
+        if not isinstance(raw, list):
+            raise bad
+        return [_coerce(key, item, item_type) for item in raw]
+    if origin is dict:
+        key_type, value_type = typing.get_args(expected)
+        if not isinstance(raw, dict):
+            raise bad
+        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in raw.items()}
+    raise bad  # pragma: no cover - every declared type is handled above
+
+
+def _type_name(expected: Any) -> str:
+    if isinstance(expected, type):
+        return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false"}.get(
+            expected.__name__, expected.__name__
+        )
+    if isinstance(expected, types.GenericAlias):
+        return str(expected)
+    return str(expected)
+
+
+def set_key(config: Config, key: str, raw: Any) -> None:
+    """Set a dotted key, checking that it exists and that the value has the declared type."""
+    parts = key.split(".")
+    owner: Any = config
+    for part in parts[:-1]:
+        child = getattr(owner, part, None) if dataclasses.is_dataclass(owner) else None
+        if child is None or not dataclasses.is_dataclass(child):
+            raise _unknown_key(key)
+        owner = child
+    leaf = parts[-1]
+    if not dataclasses.is_dataclass(owner) or leaf not in {f.name for f in dataclasses.fields(owner)}:
+        raise _unknown_key(key)
+    if dataclasses.is_dataclass(getattr(owner, leaf)):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{key}: is a section; set one of its keys, e.g. {key}.{config_keys(getattr(owner, leaf))[0]}")
+        for sub_key, sub_value in raw.items():
+            set_key(config, f"{key}.{sub_key}", sub_value)
+        return
+    setattr(owner, leaf, _coerce(key, raw, _field_type(owner, leaf)))
+
+
+def get_key(config: Config, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, config_keys(), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; run `solrl config --keys` to list them"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` with a YAML value (``pool=48``, ``rewards={a: 1.0}``, ``quant.skip=[a, b]``)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not key=value (e.g. -S pool=48)")
+    key, _, value_text = text.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key (e.g. -S pool=48)")
+    try:
+        value = yaml.safe_load(value_text) if value_text.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"override '{text}': the value is not valid YAML") from None
+    return key, value
+
+
+def apply_mapping(config: Config, mapping: dict[str, Any], prefix: str = "") -> None:
+    """Apply a nested or dotted mapping (a preset, a family, params.yaml) onto ``config``."""
+    for key, value in mapping.items():
+        set_key(config, f"{prefix}{key}", value)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def from_dict(mapping: dict[str, Any]) -> Config:
+    config = Config()
+    apply_mapping(config, mapping)
+    return validate(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate(config: Config) -> Config:
+    """Check every cross-field rule; return the config unchanged when it is runnable."""
+    from solrl_core.presets import PRESETS
+    from solrl_core.quant.explorer import BACKENDS
+    from solrl_core.rewards.registry import REWARDS
+
+    _require(config.preset in PRESETS, f"unknown preset '{config.preset}'; allowed: {', '.join(PRESETS)}")
+    _require(config.family in FAMILIES, f"unknown family '{config.family}'; allowed: {', '.join(FAMILIES)}")
+    _require(config.explore.backend in BACKENDS,
+             f"unknown explore.backend '{config.explore.backend}'; allowed: {', '.join(BACKENDS)}")
+    _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
+    _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
+    _require(bool(config.rewards), "rewards is empty; give at least one reward with a weight, e.g. -S 'rewards={shapes-compliance: 1.0}'")
+    for name in list(config.rewards) + list(config.eval.rewards):
+        _require(name in REWARDS, f"unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
+    _positive_ints(config, "iterations", "pool", "keep", "prompts_per_iteration", "explore.steps", "explore.chunk",
+                   "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
+                   "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
+                   "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool")
+    _require(config.keep <= config.pool, f"keep ({config.keep}) must be <= pool ({config.pool})")
+    _require(config.keep % 2 == 0, f"keep ({config.keep}) must be even: half best and half worst seeds are kept")
+    _require(config.keep >= 2, f"keep ({config.keep}) must be at least 2 (one best, one worst seed)")
+    _require(config.train.lr > 0, f"train.lr ({config.train.lr}) must be > 0")
+    _require(0 < config.train.timestep_fraction <= 1,
+             f"train.timestep_fraction ({config.train.timestep_fraction}) must be in (0, 1]")
+    _require(config.train.nft_beta > 0, f"train.nft_beta ({config.train.nft_beta}) must be > 0")
+    _require(config.train.adv_clip > 0, f"train.adv_clip ({config.train.adv_clip}) must be > 0")
+    _require(config.train.kl_weight >= 0, f"train.kl_weight ({config.train.kl_weight}) must be >= 0")
+    _require(config.train.grad_clip > 0, f"train.grad_clip ({config.train.grad_clip}) must be > 0")
+    _require(0 <= config.train.weight_decay, f"train.weight_decay ({config.train.weight_decay}) must be >= 0")
+    _require(0 <= config.train.beta1 < 1 and 0 <= config.train.beta2 < 1, "train.beta1 and train.beta2 must be in [0, 1)")
+    _require(0 <= config.train.ema_max_decay < 1, "train.ema_max_decay must be in [0, 1)")
+    _require(0 <= config.train.eta_max < 1 and config.train.eta_rate >= 0, "train.eta_max must be in [0, 1) and train.eta_rate >= 0")
+    _require(config.sampler.shift > 0, f"sampler.shift ({config.sampler.shift}) must be > 0")
+    _require(config.quant.min_dim >= 0, f"quant.min_dim ({config.quant.min_dim}) must be >= 0")
+    _require(config.seed >= 0, f"seed ({config.seed}) must be >= 0")
+    for name, weight in config.rewards.items():
+        _require(weight == weight and abs(weight) != float("inf"), f"rewards.{name}: weight must be finite")
+    return config
+
+
+def _positive_ints(config: Config, *keys: str) -> None:
+    for key in keys:
+        value = get_key(config, key)
+        _require(value >= 1, f"{key} ({value}) must be >= 1")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

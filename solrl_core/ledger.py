@@ -1,0 +1,88 @@
+"""The seed ledger (one Parquet row per explored seed) and atomic writes of run outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import torch
+
+
+def ledger_frame(iteration: int, prompts: list[str], prompt_ids: list[int], seeds: torch.Tensor,
+                 explore_scores: dict[str, torch.Tensor], explore_combined: torch.Tensor, selection: torch.Tensor,
+                 fp_scores: dict[str, torch.Tensor] | None, fp_combined: torch.Tensor | None,
+                 advantages: torch.Tensor) -> pl.DataFrame:
+    """Rows for one iteration: every seed of every group; kept seeds carry full-precision rewards
+    (when they have them) and their advantage, the rest nulls."""
+    groups, pool = seeds.shape
+    selected = torch.zeros(groups, pool, dtype=torch.bool)
+    selected.scatter_(1, selection, True)
+    columns: dict[str, Any] = {
+        "iteration": [iteration] * (groups * pool),
+        "prompt_id": [pid for pid in prompt_ids for _ in range(pool)],
+        "prompt": [p for p in prompts for _ in range(pool)],
+        "seed": seeds.flatten().tolist(),
+        "explore_reward": explore_combined.flatten().double().tolist(),
+    }
+    for name, values in explore_scores.items():
+        columns[f"explore_{name}"] = values.flatten().double().tolist()
+    columns["selected"] = selected.flatten().tolist()
+    columns["fp_reward"] = _scatter_kept(fp_combined, selection, pool)
+    for name in explore_scores:
+        columns[f"fp_{name}"] = _scatter_kept(fp_scores.get(name) if fp_scores else None, selection, pool)
+    columns["advantage"] = _scatter_kept(advantages, selection, pool)
+    schema = {"iteration": pl.Int32, "prompt_id": pl.Int32, "prompt": pl.String, "seed": pl.Int64, "selected": pl.Boolean}
+    return pl.DataFrame(columns, schema_overrides=schema)
+
+
+def _scatter_kept(values: torch.Tensor | None, selection: torch.Tensor, pool: int) -> list[float | None]:
+    groups = selection.shape[0]
+    rows: list[float | None] = [None] * (groups * pool)
+    if values is None:
+        return rows
+    kept = values.reshape(groups, -1)
+    for g in range(groups):
+        for k, index in enumerate(selection[g].tolist()):
+            rows[g * pool + index] = float(kept[g, k])
+    return rows
+
+
+def append_ledger(path: Path, frame: pl.DataFrame) -> None:
+    """Append by rewriting to a temporary file and renaming: the ledger is never half-written."""
+    combined = pl.concat([pl.read_parquet(path), frame], how="vertical_relaxed") if path.exists() else frame
+    _atomic_write(path, lambda temporary: combined.write_parquet(temporary))
+
+
+def write_json(path: Path, payload: Any) -> None:
+    text = json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n"
+    _atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    previous = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = previous + json.dumps(record, default=_json_default) + "\n"
+    _atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(descriptor)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

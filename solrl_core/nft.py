@@ -1,0 +1,71 @@
+"""The DiffusionNFT objective (SPEC section 4): advantages, optimality weights, the loss, and the
+schedules of the old-policy soft update and the evaluation EMA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NORMALISER_FLOOR = 1e-5
+ADVANTAGE_EPS = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [P, K] -> (r - group mean) / (std over the whole iteration + 1e-4).
+
+    The denominator is global, not per group: a group whose samples all score alike keeps small
+    advantages instead of having its noise blown up to unit scale.
+    """
+    rewards = rewards.double()
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    return (centred / (rewards.std(unbiased=False) + ADVANTAGE_EPS)).float()
+
+
+def optimality_weight(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """w = clip(clip(A, -A_max, A_max) / (2 A_max) + 0.5, 0, 1): 1 for the best, 0 for the worst."""
+    clipped = advantages.clamp(-adv_clip, adv_clip)
+    return (clipped / (2 * adv_clip) + 0.5).clamp(0.0, 1.0)
+
+
+@dataclass
+class NFTLoss:
+    loss: torch.Tensor  # scalar, differentiable
+    policy_loss: float
+    kl_loss: float
+
+
+def nft_loss(velocity: torch.Tensor, old_velocity: torch.Tensor, ref_velocity: torch.Tensor,
+             noisy: torch.Tensor, clean: torch.Tensor, sigma: torch.Tensor, weight: torch.Tensor,
+             beta: float, adv_clip: float, kl_weight: float) -> NFTLoss:
+    """DiffusionNFT loss for a batch at per-sample noise levels ``sigma`` [B].
+
+    The positive implicit policy v+ interpolates toward the trained velocity, the negative one
+    reflects it through the old policy; weighting their x0 reconstructions by w pulls the policy
+    toward high-reward samples and pushes it away from low-reward ones.
+    """
+    sigma = sigma.view(-1, *([1] * (noisy.dim() - 1)))
+    reduce_dims = tuple(range(1, noisy.dim()))
+    positive_velocity = beta * velocity + (1 - beta) * old_velocity
+    negative_velocity = (1 + beta) * old_velocity - beta * velocity
+    positive_error = _normalised_x0_error(noisy - sigma * positive_velocity, clean, reduce_dims)
+    negative_error = _normalised_x0_error(noisy - sigma * negative_velocity, clean, reduce_dims)
+    policy = (adv_clip / beta) * (weight * positive_error + (1 - weight) * negative_error).mean()
+    kl = ((velocity - ref_velocity) ** 2).mean(dim=reduce_dims).mean()
+    return NFTLoss(loss=policy + kl_weight * kl, policy_loss=float(policy.detach()), kl_loss=float(kl.detach()))
+
+
+def _normalised_x0_error(predicted: torch.Tensor, clean: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    # The adaptive normaliser is a stop-gradient scale, so the loss is invariant to how far off
+    # the reconstruction is overall and only its direction of improvement matters.
+    normaliser = (predicted - clean).abs().mean(dim=dims, keepdim=True).detach().clamp_min(NORMALISER_FLOOR)
+    return ((predicted - clean) ** 2 / normaliser).mean(dim=dims)
+
+
+def old_policy_rate(iteration: int, rate: float, maximum: float) -> float:
+    """eta in theta_old <- eta * theta_old + (1 - eta) * theta; 0 at first, so old == trained."""
+    return min(rate * iteration, maximum)
+
+
+def ema_decay(step: int, maximum: float) -> float:
+    return min((1 + step) / (10 + step), maximum)

@@ -1,0 +1,196 @@
+"""The NVFP4 number format (SPEC §3), as plain torch code that runs on any device.
+
+An NVFP4 tensor is three things:
+- 4-bit E2M1 element codes (1 sign bit + a 3-bit magnitude code into 0, .5, 1, 1.5, 2, 3, 4, 6),
+- one FP8 E4M3 scale per 16 consecutive values along the last (reduction) dimension,
+- one FP32 scale for the whole tensor, `amax / (448 * 6)`, which brings the block scales into
+  E4M3 range.
+
+Decoded value = code_value * block_scale * tensor_scale.
+
+Choices this module makes where the spec leaves room:
+- A last dimension that is not a multiple of 16 is zero-padded to one. Zeros never raise a
+  block's amax, so this is the same as letting the last block of each row be shorter; the
+  padding is dropped again on dequantization. (Hardware kernels require the multiple; the
+  emulated explorer should not fail on an odd-sized layer.)
+- A negative input that rounds to zero keeps its sign (code 0b1000, i.e. -0.0), as an IEEE
+  cast would; it decodes to -0.0 == 0.
+- Inputs must be finite: NaN/inf have no E2M1 encoding and are not handled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+BLOCK_SIZE = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+# Index = 3-bit magnitude code. This is the E2M1 bit pattern read as an unsigned integer
+# (2 exponent bits, 1 mantissa bit, code 1 is the only subnormal), so codes sort like values.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_SIGN_BIT = 0b1000
+_FP32_EXPONENT_MASK = 0x7F800000
+_FP32_BITS_OF_2_POW_22 = (127 + 22) << 23
+
+
+@dataclass(frozen=True)
+class NVFP4Packed:
+    """A tensor stored in NVFP4.
+
+    codes: uint8 [..., padded_K // 2], two E2M1 codes per byte; the element with the even
+        index sits in the low nibble (the layout torchao and CUDA's packed fp4x2 use).
+    block_scales: float8_e4m3fn [..., padded_K // 16].
+    tensor_scale: float32 scalar tensor.
+    shape, dtype: of the original tensor (shape without padding).
+    """
+
+    codes: torch.Tensor
+    block_scales: torch.Tensor
+    tensor_scale: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+# --- E2M1 elements -------------------------------------------------------------------------
+
+
+def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to the nearest E2M1 value, ties to the even code, saturating at ±6.
+
+    E2M1 keeps one mantissa bit, so in the binade [2^e, 2^(e+1)) its grid step is 2^(e-1), and
+    0.5 below 1 (the subnormal code). The even codes are exactly the even multiples of the step.
+    Adding and subtracting M = step * 2^23 makes the fp32 adder do the rounding: next to M the
+    fp32 spacing is exactly `step`, and IEEE addition rounds half to even. M is built from the
+    exponent bits of |x| (+22 in the exponent field = 2^(e-1) * 2^23), floored at 2^22 for the
+    subnormal step. Clamping to 6 first equals saturating after, and keeps M small.
+    This is ~3x faster on CPU than selecting the step with torch.where and calling torch.round.
+    """
+    magnitude = x.float().abs().clamp_(max=E2M1_MAX)
+    exponent_bits = magnitude.view(torch.int32) & _FP32_EXPONENT_MASK
+    adder = exponent_bits.add_(22 << 23).clamp_(min=_FP32_BITS_OF_2_POW_22).view(torch.float32)
+    rounded = (magnitude + adder).sub_(adder)
+    return torch.copysign(rounded, x)
+
+
+def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8 in 0..15) of float32 values, with E2M1 rounding and saturation."""
+    rounded = round_to_e2m1(x)
+    grid = torch.tensor(E2M1_MAGNITUDES, device=x.device)
+    magnitude_code = torch.searchsorted(grid, rounded.abs().contiguous())
+    sign = torch.signbit(rounded).to(torch.uint8) * E2M1_SIGN_BIT
+    return magnitude_code.to(torch.uint8) | sign
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of 4-bit codes."""
+    grid = torch.tensor(E2M1_MAGNITUDES, device=codes.device)
+    magnitude = grid[(codes & 0b0111).long()]
+    negative = (codes & E2M1_SIGN_BIT) != 0
+    return torch.where(negative, -magnitude, magnitude)
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last dim (even index in the low nibble)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack((low, high), dim=-1).flatten(-2)
+
+
+# --- scales ----------------------------------------------------------------------------------
+
+
+def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """FP32 per-tensor scale amax(|x|) / (448 * 6): the largest block then gets block scale 448."""
+    return x.detach().abs().amax().float() / (E4M3_MAX * E2M1_MAX)
+
+
+def _split_into_blocks(x: torch.Tensor) -> torch.Tensor:
+    """float32 view [..., n_blocks, 16] of x, zero-padding the last dim to a multiple of 16."""
+    if x.dim() == 0:
+        x = x.reshape(1)
+    padding = (-x.shape[-1]) % BLOCK_SIZE
+    x = F.pad(x.float(), (0, padding)) if padding else x.float()
+    return x.reshape(*x.shape[:-1], -1, BLOCK_SIZE)
+
+
+def _block_scales_e4m3(blocks: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """Per-block E4M3 scales amax_block / 6 / tensor_scale, clamped to 448 before the cast.
+
+    The clamp matters: amax_block / 6 / tensor_scale can land a rounding error above 448, and
+    E4M3 has no infinity. torch's cast rounds to nearest even and keeps subnormals, so a block
+    that is tiny next to the tensor amax may get scale 0 (it then decodes to zeros).
+    An all-zero tensor has tensor_scale 0; dividing by 1 instead keeps every scale 0, not NaN.
+    """
+    safe_tensor_scale = torch.where(tensor_scale > 0, tensor_scale, 1.0)
+    block_amax = blocks.abs().amax(dim=-1)
+    unclamped = block_amax / E2M1_MAX / safe_tensor_scale
+    return unclamped.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _scale_into_e2m1_range(
+    blocks: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor
+) -> torch.Tensor:
+    """blocks / (s_block * s_tensor), with blocks whose combined scale is 0 mapped to 0."""
+    combined_scale = (block_scales.float() * tensor_scale).unsqueeze(-1)
+    nonzero = combined_scale > 0
+    safe_scale = torch.where(nonzero, combined_scale, 1.0)
+    return torch.where(nonzero, blocks / safe_scale, 0.0)
+
+
+def _scale_blocks(x: torch.Tensor):
+    """The shared first half of quantization: (values in E2M1 range, block scales, tensor scale)."""
+    blocks = _split_into_blocks(x)
+    tensor_scale = nvfp4_tensor_scale(x)
+    block_scales = _block_scales_e4m3(blocks, tensor_scale)
+    return _scale_into_e2m1_range(blocks, block_scales, tensor_scale), block_scales, tensor_scale
+
+
+def _apply_scales(
+    element_values: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor
+) -> torch.Tensor:
+    # (q * s_block) is exact (2 and 4 significant bits), so the result is rounded only once.
+    return element_values * block_scales.float().unsqueeze(-1) * tensor_scale
+
+
+def _unblock(blocks: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """Undo _split_into_blocks: flatten blocks, drop the padding, restore shape and dtype."""
+    flat = blocks.flatten(-2)
+    last_dim = shape[-1] if len(shape) else 1
+    return flat[..., :last_dim].reshape(shape).to(dtype)
+
+
+# --- public API ------------------------------------------------------------------------------
+
+
+def quantize_nvfp4(x: torch.Tensor) -> NVFP4Packed:
+    """Quantize x to NVFP4 with 16-element blocks along its last dimension."""
+    scaled, block_scales, tensor_scale = _scale_blocks(x)
+    codes = encode_e2m1(scaled).flatten(-2)
+    return NVFP4Packed(
+        codes=pack_codes(codes),
+        block_scales=block_scales,
+        tensor_scale=tensor_scale,
+        shape=x.shape,
+        dtype=x.dtype,
+    )
+
+
+def dequantize_nvfp4(packed: NVFP4Packed) -> torch.Tensor:
+    """The values an NVFP4Packed stands for, in its original shape and dtype."""
+    codes = unpack_codes(packed.codes)
+    element_values = decode_e2m1(codes).reshape(*codes.shape[:-1], -1, BLOCK_SIZE)
+    values = _apply_scales(element_values, packed.block_scales, packed.tensor_scale)
+    return _unblock(values, packed.shape, packed.dtype)
+
+
+def fake_quantize_nvfp4(x: torch.Tensor) -> torch.Tensor:
+    """dequantize_nvfp4(quantize_nvfp4(x)) without building codes: the per-forward activation path."""
+    scaled, block_scales, tensor_scale = _scale_blocks(x)
+    values = _apply_scales(round_to_e2m1(scaled), block_scales, tensor_scale)
+    return _unblock(values, x.shape, x.dtype)

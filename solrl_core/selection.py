@@ -1,0 +1,74 @@
+"""Best/worst-of-N selection per prompt group, and rank-fidelity metrics between two scorings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def select_extremes(rewards: torch.Tensor, keep: int) -> torch.Tensor:
+    """Indices [P, keep] of the keep/2 best then keep/2 worst seeds of each group (rewards [P, N]).
+
+    A stable sort keeps ties in seed order, so the selection is deterministic. When keep == N the
+    whole group is kept in seed order (the plain DiffusionNFT baseline draws no extra seeds).
+    NaN rewards rank as the worst, so a failed score never wins a "best" slot.
+    """
+    groups, pool = rewards.shape
+    if keep > pool or keep % 2:
+        raise ValueError(f"keep ({keep}) must be even and <= pool ({pool})")
+    if keep == pool:
+        return torch.arange(pool).expand(groups, pool).clone()
+    clean = torch.nan_to_num(rewards.double(), nan=-math.inf)
+    order = torch.sort(clean, dim=1, descending=True, stable=True).indices
+    half = keep // 2
+    return torch.cat([order[:, :half], order[:, pool - half:]], dim=1)
+
+
+def average_ranks(values: torch.Tensor) -> torch.Tensor:
+    """1-based ranks of a 1-D tensor (ascending), ties sharing their average rank."""
+    values = values.double()
+    order = torch.argsort(values, stable=True)
+    sorted_values = values[order]
+    ranks = torch.empty_like(values)
+    position = 0
+    n = values.numel()
+    while position < n:
+        end = position
+        while end + 1 < n and sorted_values[end + 1] == sorted_values[position]:
+            end += 1
+        ranks[order[position:end + 1]] = (position + end) / 2 + 1
+        position = end + 1
+    return ranks
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rho (Pearson on average ranks); NaN when either side is constant or too short."""
+    if a.numel() < 2:
+        return math.nan
+    return _pearson(average_ranks(a), average_ranks(b))
+
+
+def kendall_tau(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Kendall's tau-b, which corrects for ties on either side."""
+    a, b = a.double().flatten(), b.double().flatten()
+    if a.numel() < 2:
+        return math.nan
+    da = torch.sign(a[:, None] - a[None, :])
+    db = torch.sign(b[:, None] - b[None, :])
+    upper = torch.triu(torch.ones_like(da, dtype=torch.bool), diagonal=1)
+    concordance = (da * db)[upper].sum()
+    pairs_a = (da != 0)[upper].sum()
+    pairs_b = (db != 0)[upper].sum()
+    if pairs_a == 0 or pairs_b == 0:
+        return math.nan
+    return float(concordance / torch.sqrt(pairs_a.double() * pairs_b.double()))
+
+
+def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    x = x - x.mean()
+    y = y - y.mean()
+    denominator = torch.sqrt((x * x).sum() * (y * y).sum())
+    if denominator == 0:
+        return math.nan
+    return float((x * y).sum() / denominator)

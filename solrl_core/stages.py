@@ -1,0 +1,344 @@
+"""The Sol-RL stages as plain functions: quantize, explore, rank, regenerate, update, requantize,
+evaluate. Each takes the run state and plain records and returns a plain record, so a Prefect
+task can wrap each one without moving a model across a process boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from solrl_core.config import Config
+from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
+from solrl_core.models.policy import FlowPolicy
+from solrl_core.models.registry import load_policy
+from solrl_core.nft import ema_decay, group_advantages, nft_loss, old_policy_rate, optimality_weight
+from solrl_core.presets import rollout_steps
+from solrl_core.progress import progress
+from solrl_core.quant.explorer import Explorer, build_explorer
+from solrl_core.rewards.registry import RewardScores, RewardSet
+from solrl_core.sampling import sample
+from solrl_core.seeds import batch_noise, derive_seed, draw_seeds, noise_from_seed
+from solrl_core.selection import select_extremes, spearman
+from solrl_core.prompts import evaluation_prompts, training_prompts
+
+EVAL_SEED = 20260406  # evaluation seeds are fixed across runs so every run sees the same noises
+
+
+@dataclass
+class RunState:
+    """Everything a run mutates; owned by the training loop (or the Prefect flow)."""
+
+    config: Config
+    policy: FlowPolicy
+    rewards: RewardSet
+    optimizer: torch.optim.Optimizer
+    train_prompts: list[str]
+    eval_prompts: list[str]
+    explorer: Explorer | None = None
+    optimizer_steps: int = 0
+
+
+@dataclass
+class Drafts:
+    iteration: int
+    prompts: list[str]  # [P]
+    prompt_ids: list[int]  # index into the training prompt pool
+    seeds: torch.Tensor  # [P, N] int64
+    scores: RewardScores  # per_reward [P*N], combined [P*N]
+    sigmas: torch.Tensor
+    latents: torch.Tensor | None  # [P, N, ...], kept only when the family trains on drafts
+    full_precision: bool  # drafts drawn without a quantized explorer
+
+    def combined(self) -> torch.Tensor:
+        return self.scores.combined.view(len(self.prompts), -1)
+
+
+@dataclass
+class Rollout:
+    """The samples the update trains on: [P, K] seeds with their clean latents and rewards."""
+
+    prompts: list[str]
+    seeds: torch.Tensor
+    latents: torch.Tensor  # [P, K, ...]
+    sigmas: torch.Tensor
+    scores: RewardScores  # flat [P*K]
+    full_precision: bool
+
+    def combined(self) -> torch.Tensor:
+        return self.scores.combined.view(len(self.prompts), -1)
+
+
+@dataclass
+class UpdateReport:
+    loss: float
+    policy_loss: float
+    kl_loss: float
+    grad_norm: float
+    optimizer_steps: int
+    skipped_micro_batches: int
+    skipped_steps: int
+    old_policy_rate: float
+    ema_decay: float
+    advantages: torch.Tensor = field(repr=False)  # [P, K]
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up
+
+
+def initial_state(config: Config) -> RunState:
+    torch.manual_seed(config.seed)
+    policy = load_policy(config)
+    lora = config.train.lora
+    attach_adapters(policy.transformer, lora.rank, lora.alpha, lora.targets, seed=config.seed)
+    trainable = [p for p in policy.transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2),
+                                  weight_decay=config.train.weight_decay)
+    rewards = RewardSet(config.rewards, extra=config.eval.rewards)
+    return RunState(config=config, policy=policy, rewards=rewards, optimizer=optimizer,
+                    train_prompts=training_prompts(config), eval_prompts=evaluation_prompts(config))
+
+
+def quantize(state: RunState) -> dict:
+    """Build the explorer (a quantized view of the sampling policy) and quantize its weights."""
+    started = time.perf_counter()
+    config = state.config
+    state.explorer = build_explorer(state.policy.transformer, config.explore.backend, config.quant.skip,
+                                    config.quant.min_dim)
+    state.explorer.requantize(state.policy.transformer, adapter=OLD)
+    return {"backend": config.explore.backend, "quantized_layers": len(state.explorer.layer_names),
+            "seconds": time.perf_counter() - started}
+
+
+def requantize(state: RunState) -> float:
+    """Sync the updated sampling ("old") policy into the explorer; returns seconds taken."""
+    started = time.perf_counter()
+    state.explorer.requantize(state.policy.transformer, adapter=OLD)
+    return time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout
+
+
+def choose_prompts(state: RunState, iteration: int) -> list[int]:
+    generator = torch.Generator().manual_seed(derive_seed(state.config.seed, "prompts", iteration))
+    order = torch.randperm(len(state.train_prompts), generator=generator)
+    count = state.config.prompts_per_iteration
+    return [int(order[i % len(order)]) for i in range(count)]
+
+
+def explore(state: RunState, iteration: int) -> Drafts:
+    """Draw N seeds per prompt and sample them with the explorer; score the drafts."""
+    config = state.config
+    prompt_ids = choose_prompts(state, iteration)
+    prompts = [state.train_prompts[i] for i in prompt_ids]
+    seeds = torch.tensor([draw_seeds(config.seed, iteration, slot, config.pool) for slot in range(len(prompts))])
+    flat_prompts = [p for p in prompts for _ in range(config.pool)]
+    latents, sigmas = _sample_seeds(state, flat_prompts, seeds.flatten().tolist(), rollout_steps(config),
+                                    config.explore.chunk, adapter=OLD, explorer=state.explorer, label="explore")
+    scores = _score(state, latents, flat_prompts, list(config.rewards))
+    keep_latents = not config.regenerate.enabled
+    return Drafts(iteration=iteration, prompts=prompts, prompt_ids=prompt_ids, seeds=seeds, scores=scores,
+                  sigmas=sigmas, latents=latents.view(len(prompts), config.pool, *latents.shape[1:]) if keep_latents else None,
+                  full_precision=config.explore.backend == "none")
+
+
+def rank(drafts: Drafts, keep: int) -> torch.Tensor:
+    """[P, K] indices into each group's pool: the K/2 best and K/2 worst drafts."""
+    return select_extremes(drafts.combined(), keep)
+
+
+def regenerate(state: RunState, drafts: Drafts, selection: torch.Tensor) -> Rollout:
+    """Re-sample the kept seeds with the full-precision sampling policy at T_train steps.
+
+    Families that train on their rollout take the kept drafts as they are.
+    """
+    config = state.config
+    kept_seeds = torch.gather(drafts.seeds, 1, selection)
+    if not config.regenerate.enabled:
+        return _kept_drafts(drafts, selection, kept_seeds)
+    flat_prompts = [p for p in drafts.prompts for _ in range(selection.shape[1])]
+    latents, sigmas = _sample_seeds(state, flat_prompts, kept_seeds.flatten().tolist(), config.regenerate.steps,
+                                    config.regenerate.chunk, adapter=OLD, explorer=None, label="regenerate")
+    scores = _score(state, latents, flat_prompts, list(config.rewards))
+    return Rollout(prompts=drafts.prompts, seeds=kept_seeds,
+                   latents=latents.view(*selection.shape, *latents.shape[1:]), sigmas=sigmas, scores=scores,
+                   full_precision=True)
+
+
+def _kept_drafts(drafts: Drafts, selection: torch.Tensor, kept_seeds: torch.Tensor) -> Rollout:
+    groups, keep = selection.shape
+    flat_index = (selection + torch.arange(groups)[:, None] * drafts.seeds.shape[1]).flatten()
+    per_reward = {name: scores[flat_index] for name, scores in drafts.scores.per_reward.items()}
+    latents = torch.stack([drafts.latents[g, selection[g]] for g in range(groups)])
+    return Rollout(prompts=drafts.prompts, seeds=kept_seeds, latents=latents, sigmas=drafts.sigmas,
+                   scores=RewardScores(per_reward, drafts.scores.combined[flat_index]),
+                   full_precision=drafts.full_precision)
+
+
+def online_fidelity(drafts: Drafts, selection: torch.Tensor, rollout: Rollout) -> list[float]:
+    """Per prompt, Spearman between explorer and full-precision rewards of the kept seeds."""
+    if drafts.latents is not None:
+        return []  # no regeneration: the explorer's scores are the trained-on scores
+    explorer_kept = torch.gather(drafts.combined(), 1, selection)
+    return [spearman(explorer_kept[g], rollout.combined()[g]) for g in range(selection.shape[0])]
+
+
+def _sample_seeds(state: RunState, prompts: list[str], seeds: list[int], steps: int, chunk: int, adapter: str,
+                  explorer: Explorer | None, label: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one latent per (prompt, seed) in chunks; chunking never changes a sample's noise."""
+    config, policy = state.config, state.policy
+    outputs, sigmas = [], None
+    starts = range(0, len(seeds), chunk)
+    for start in progress(starts, label, enabled=config.progress):
+        chunk_seeds, chunk_prompts = seeds[start:start + chunk], prompts[start:start + chunk]
+        noise = batch_noise(chunk_seeds, policy.latent_shape, torch.float32, policy.device)
+        conditioning = policy.conditioning(chunk_prompts)
+        with torch.no_grad(), active_adapter(policy.transformer, adapter), _explorer_active(explorer, policy):
+            result = sample(config.sampler.kind, lambda x, s: policy.velocity(x, s, conditioning), noise, steps,
+                            config.sampler.shift)
+        outputs.append(result.latents.cpu())
+        sigmas = result.sigmas
+    return torch.cat(outputs), sigmas
+
+
+def _explorer_active(explorer: Explorer | None, policy: FlowPolicy):
+    from contextlib import nullcontext
+
+    return explorer.active(policy.transformer) if explorer is not None else nullcontext()
+
+
+def _score(state: RunState, latents: torch.Tensor, prompts: list[str], names: list[str]) -> RewardScores:
+    images = state.policy.decode(latents.to(state.policy.device))
+    return state.rewards.score(images, prompts, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Update
+
+
+@dataclass
+class _TrainItem:
+    sample: int  # flat index into the rollout
+    sigma: float
+    noise_seed: int
+
+
+def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
+    """DiffusionNFT on the rollout: group advantages, then train.steps_per_iteration AdamW steps."""
+    config, train = state.config, state.config.train
+    advantages = group_advantages(rollout.combined())
+    weights = optimality_weight(advantages, train.adv_clip).flatten()
+    flat_latents = rollout.latents.flatten(0, 1)
+    flat_prompts = [p for p in rollout.prompts for _ in range(rollout.seeds.shape[1])]
+    items = _train_items(config, rollout, iteration)
+    totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 0, "skipped_steps": 0}
+    for step_items in _split_even(items, train.steps_per_iteration):
+        step = _optimizer_step(state, step_items, flat_latents, flat_prompts, weights)
+        for key in totals:
+            totals[key] += step[key]
+    steps = train.steps_per_iteration
+    eta = old_policy_rate(iteration, train.eta_rate, train.eta_max)
+    blend_adapters(state.policy.transformer, source=TRAINED, target=OLD, keep=eta)
+    decay = ema_decay(state.optimizer_steps, train.ema_max_decay)
+    blend_adapters(state.policy.transformer, source=TRAINED, target=EMA, keep=decay)
+    return UpdateReport(loss=totals["loss"] / steps, policy_loss=totals["policy"] / steps, kl_loss=totals["kl"] / steps,
+                        grad_norm=totals["grad_norm"] / steps, optimizer_steps=state.optimizer_steps,
+                        skipped_micro_batches=totals["skipped"], skipped_steps=totals["skipped_steps"],
+                        old_policy_rate=eta, ema_decay=decay, advantages=advantages)
+
+
+def _train_items(config: Config, rollout: Rollout, iteration: int) -> list[_TrainItem]:
+    """For each sample, a seeded random subset of its sampler timesteps, each with fresh noise."""
+    grid = rollout.sigmas[:-1].tolist()  # sigma = 0 carries no training signal
+    per_sample = max(1, round(config.train.timestep_fraction * len(grid)))
+    items = []
+    for sample_index in range(rollout.seeds.numel()):
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, "timesteps", iteration, sample_index))
+        chosen = torch.randperm(len(grid), generator=generator)[:per_sample].sort().values.tolist()
+        for t_index in chosen:
+            items.append(_TrainItem(sample_index, grid[t_index],
+                                    derive_seed(config.seed, "train-noise", iteration, sample_index, t_index)))
+    return items
+
+
+def _split_even(items: list[_TrainItem], parts: int) -> list[list[_TrainItem]]:
+    """Split by sample, so each optimizer step sees whole samples, in a seeded interleaved order."""
+    samples = sorted({item.sample for item in items})
+    buckets = {sample: index % parts for index, sample in enumerate(samples)}
+    return [[item for item in items if buckets[item.sample] == part] for part in range(parts)]
+
+
+def _optimizer_step(state: RunState, items: list[_TrainItem], latents: torch.Tensor, prompts: list[str],
+                    weights: torch.Tensor) -> dict:
+    train, policy = state.config.train, state.policy
+    state.optimizer.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "skipped": 0}
+    micro = train.micro_batch
+    for start in range(0, len(items), micro):
+        batch = items[start:start + micro]
+        result = _micro_batch_loss(state, batch, latents, prompts, weights)
+        if not torch.isfinite(result.loss):
+            totals["skipped"] += 1  # a non-finite loss is dropped, never propagated into the weights
+            continue
+        (result.loss * len(batch) / len(items)).backward()
+        share = len(batch) / len(items)
+        totals["loss"] += float(result.loss.detach()) * share
+        totals["policy"] += result.policy_loss * share
+        totals["kl"] += result.kl_loss * share
+    trainable = [p for p in state.optimizer.param_groups[0]["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, train.grad_clip))
+    stepped = math.isfinite(grad_norm) and totals["skipped"] * micro < len(items)
+    if stepped:
+        state.optimizer.step()
+        state.optimizer_steps += 1
+    state.optimizer.zero_grad(set_to_none=True)
+    return {"loss": totals["loss"], "policy": totals["policy"], "kl": totals["kl"],
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else 0.0, "skipped": totals["skipped"],
+            "skipped_steps": 0 if stepped else 1}
+
+
+def _micro_batch_loss(state: RunState, batch: list[_TrainItem], latents: torch.Tensor, prompts: list[str],
+                      weights: torch.Tensor):
+    policy, train = state.policy, state.config.train
+    index = torch.tensor([item.sample for item in batch])
+    clean = latents[index].to(policy.device)
+    sigma = torch.tensor([item.sigma for item in batch], device=policy.device)
+    noise = torch.stack([noise_from_seed(item.noise_seed, policy.latent_shape) for item in batch]).to(policy.device)
+    sigma_b = sigma.view(-1, *([1] * (clean.dim() - 1)))
+    noisy = (1 - sigma_b) * clean + sigma_b * noise
+    conditioning = policy.conditioning([prompts[i] for i in index.tolist()])
+    with torch.no_grad():
+        with active_adapter(policy.transformer, OLD):
+            old_velocity = policy.velocity(noisy, sigma, conditioning)
+        with active_adapter(policy.transformer, None):
+            ref_velocity = policy.velocity(noisy, sigma, conditioning)
+    velocity = policy.velocity(noisy, sigma, conditioning)
+    return nft_loss(velocity, old_velocity, ref_velocity, noisy, clean, sigma, weights[index].to(policy.device),
+                    train.nft_beta, train.adv_clip, train.kl_weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluation_seeds(config: Config) -> list[int]:
+    return [derive_seed(EVAL_SEED, "eval", i) for i in range(config.eval.prompts * config.eval.seeds_per_prompt)]
+
+
+def evaluate(state: RunState, adapter: str | None = EMA) -> tuple[dict[str, float], torch.Tensor]:
+    """Mean of every evaluation reward over held-out prompts x fixed seeds; also the images."""
+    config = state.config
+    prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
+    latents, _ = _sample_seeds(state, prompts, evaluation_seeds(config), config.eval.steps, config.eval.chunk,
+                               adapter=adapter, explorer=None, label="evaluate")
+    names = list(dict.fromkeys(list(config.rewards) + list(config.eval.rewards)))
+    images = state.policy.decode(latents.to(state.policy.device)).cpu()
+    scores = state.rewards.score(images, prompts, names)
+    means = {name: float(values.mean()) for name, values in scores.per_reward.items()}
+    return means, images

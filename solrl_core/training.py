@@ -1,0 +1,142 @@
+"""The training loop: iterations of explore -> rank -> regenerate -> update -> requantize, with
+evaluation every ``eval.every`` iterations, writing the ledger, metrics and summary of a run."""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from solrl_core import stages
+from solrl_core.config import Config, to_dict
+from solrl_core.ledger import append_jsonl, append_ledger, ledger_frame, write_json
+from solrl_core.rewards.registry import finite_mean
+
+LEDGER, METRICS, SUMMARY = "ledger.parquet", "metrics.jsonl", "summary.json"
+
+
+@dataclass
+class StageClock:
+    """Wall-clock seconds per stage of one iteration."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def time(self, stage: str, function: Callable, *args, **kwargs):
+        started = time.perf_counter()
+        result = function(*args, **kwargs)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
+        return result
+
+
+def run_iteration(state: stages.RunState, iteration: int, out_dir: Path) -> dict:
+    """One Sol-RL iteration; appends the ledger rows and returns the metrics record."""
+    clock = StageClock()
+    drafts = clock.time("explore", stages.explore, state, iteration)
+    selection = clock.time("rank", stages.rank, drafts, state.config.keep)
+    rollout = clock.time("regenerate", stages.regenerate, state, drafts, selection)
+    report = clock.time("update", stages.update, state, rollout, iteration)
+    clock.time("requantize", stages.requantize, state)
+    fidelity = stages.online_fidelity(drafts, selection, rollout)
+    append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
+    return _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock)
+
+
+def _ledger_rows(drafts, selection, rollout, report):
+    has_fp = rollout.full_precision
+    return ledger_frame(
+        drafts.iteration, drafts.prompts, drafts.prompt_ids, drafts.seeds,
+        {k: v.view(drafts.seeds.shape) for k, v in drafts.scores.per_reward.items()}, drafts.combined(), selection,
+        rollout.scores.per_reward if has_fp else None, rollout.combined() if has_fp else None, report.advantages,
+    )
+
+
+def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock) -> dict:
+    kept = rollout.combined()
+    half = kept.shape[1] // 2
+    finite_fidelity = [rho for rho in fidelity if math.isfinite(rho)]
+    return {
+        "iteration": iteration,
+        "explore_reward_mean": finite_mean(drafts.scores.combined),
+        "kept_reward_mean": finite_mean(kept.flatten()),
+        # The signal Sol-RL scales: best-half minus worst-half reward of the trained samples.
+        "kept_gap": float(kept[:, :half].mean() - kept[:, half:].mean()) if kept.shape[1] > 1 else 0.0,
+        "loss": report.loss, "policy_loss": report.policy_loss, "kl_loss": report.kl_loss,
+        "grad_norm": report.grad_norm, "optimizer_steps": report.optimizer_steps,
+        "skipped_micro_batches": report.skipped_micro_batches, "skipped_steps": report.skipped_steps,
+        "old_policy_rate": report.old_policy_rate, "ema_decay": report.ema_decay,
+        "fidelity_spearman": sum(finite_fidelity) / len(finite_fidelity) if finite_fidelity else None,
+        "fidelity_spearman_per_prompt": fidelity,
+        "seconds": {**clock.seconds, "total": sum(clock.seconds.values())},
+    }
+
+
+def should_evaluate(config: Config, iteration: int) -> bool:
+    return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
+
+
+def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """Run ``config.iterations`` iterations; returns the summary also written to summary.json."""
+    started = time.perf_counter()
+    # Load the model and build the explorer first: a missing file or an unsupported backend
+    # stops the run before anything is written.
+    state = stages.initial_state(config)
+    quantize_report = stages.quantize(state)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log(f"explorer: {quantize_report['backend']} on {quantize_report['quantized_layers']} Linear layers; "
+        f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
+    base_eval, base_images = stages.evaluate(state, adapter=None)
+    save_grid(out_dir / "samples_base.png", base_images, config)
+    log("base      " + _format_rewards(base_eval))
+    evaluations = [{"iteration": -1, **base_eval}]
+    final_eval = base_eval
+    for iteration in range(config.iterations):
+        metrics = run_iteration(state, iteration, out_dir)
+        if should_evaluate(config, iteration):
+            final_eval, images = stages.evaluate(state)
+            save_grid(out_dir / "samples_final.png", images, config)
+            metrics["eval"] = final_eval
+            evaluations.append({"iteration": iteration, **final_eval})
+        append_jsonl(out_dir / METRICS, metrics)
+        log(_iteration_line(metrics))
+    summary = {
+        "preset": config.preset, "family": config.family, "iterations": config.iterations,
+        "eval_reward_base": base_eval, "eval_reward_final": final_eval, "evaluations": evaluations,
+        "seconds": round(time.perf_counter() - started, 2),
+        "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
+        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY)},
+        "config": to_dict(config),
+    }
+    write_json(out_dir / SUMMARY, summary)
+    return summary
+
+
+def save_grid(path: Path, images: torch.Tensor, config: Config) -> None:
+    """Evaluation samples as one PNG: a row per prompt, a column per seed."""
+    from torchvision.utils import save_image
+
+    save_image(images, str(path), nrow=config.eval.seeds_per_prompt * 8, padding=1)
+
+
+def _format_rewards(rewards: dict[str, float]) -> str:
+    return "  ".join(f"{name} {value:.4f}" for name, value in rewards.items())
+
+
+def _iteration_line(metrics: dict) -> str:
+    fidelity = metrics["fidelity_spearman"]
+    parts = [
+        f"iter {metrics['iteration']:3d}",
+        f"explore {metrics['explore_reward_mean']:.4f}",
+        f"kept gap {metrics['kept_gap']:.4f}",
+        f"loss {metrics['loss']:.4f}",
+        f"fidelity {fidelity:.3f}" if fidelity is not None else "fidelity  n/a",
+        f"{metrics['seconds']['total']:.1f}s",
+    ]
+    if "eval" in metrics:
+        parts.append("eval " + _format_rewards(metrics["eval"]))
+    return " | ".join(parts)
