@@ -1,0 +1,8 @@
+"""Sol-RL as a library: quantized exploration, full-precision regeneration, DiffusionNFT updates."""
+
+import torch
+
+# Tiny activations underflow to fp32 subnormals in the small transformers of the embedded world;
+# x86 CPUs handle subnormals in microcode, which made a training step 25x slower here (measured
+# 5.2 s vs 0.22 s). Flushing them to zero is deterministic and changes no value above 1e-38.
+torch.set_flush_denormal(True)

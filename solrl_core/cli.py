@@ -65,6 +65,8 @@ def resolve_from_args(args: argparse.Namespace):
 def command_run(args: argparse.Namespace) -> int:
     config = resolve_from_args(args)
     out_dir = Path(args.out).expanduser().resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file, not a directory; choose a new directory")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"output directory {out_dir} is not empty; choose a new --out")
     from solrl_core.models.shapes_tiny import ModelFilesMissing

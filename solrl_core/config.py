@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -173,6 +174,12 @@ def _coerce(key: str, raw: Any, expected: Any) -> Any:
             raise bad
         return raw
     if expected is float:
+        if isinstance(raw, str):
+            # YAML 1.1 reads "1e-3" (no dot) as a string; users write learning rates that way.
+            try:
+                return float(raw)
+            except ValueError:
+                raise bad from None
         if isinstance(raw, bool) or not isinstance(raw, (int, float)):
             raise bad
         return float(raw)
@@ -313,9 +320,13 @@ def validate(config: Config) -> Config:
     _require(0 <= config.train.eta_max < 1 and config.train.eta_rate >= 0, "train.eta_max must be in [0, 1) and train.eta_rate >= 0")
     _require(config.sampler.shift > 0, f"sampler.shift ({config.sampler.shift}) must be > 0")
     _require(config.quant.min_dim >= 0, f"quant.min_dim ({config.quant.min_dim}) must be >= 0")
-    _require(config.seed >= 0, f"seed ({config.seed}) must be >= 0")
+    _require(0 <= config.seed < 2**63, f"seed ({config.seed}) must be in [0, 2**63)")
+    for key in config_keys(config):
+        value = get_key(config, key)
+        if isinstance(value, float):
+            _require(math.isfinite(value), f"{key} ({value}) must be a finite number")
     for name, weight in config.rewards.items():
-        _require(weight == weight and abs(weight) != float("inf"), f"rewards.{name}: weight must be finite")
+        _require(math.isfinite(weight), f"rewards.{name}: weight ({weight}) must be a finite number")
     return config
 
 

@@ -6,6 +6,7 @@ holds one copy of the base weights however many policies it uses.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,8 +21,11 @@ def attach_adapters(transformer: torch.nn.Module, rank: int, alpha: int, targets
     """Add the three adapters with identical initial weights and freeze everything but "default"."""
     torch.manual_seed(seed)  # LoRA A matrices are random: make them a function of the run seed
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights="gaussian")
-    for name in ADAPTERS:
-        transformer.add_adapter(config, adapter_name=name)
+    with warnings.catch_warnings():
+        # peft warns on every adapter after the first; several adapters on one base is the design.
+        warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+        for name in ADAPTERS:
+            transformer.add_adapter(config, adapter_name=name)
     copy_adapter(transformer, source=TRAINED, target=OLD)
     copy_adapter(transformer, source=TRAINED, target=EMA)
     transformer.requires_grad_(False)

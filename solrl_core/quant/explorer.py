@@ -1,4 +1,4 @@
-"""The explorer: the policy with its large Linear layers running in a cheap precision (SPEC §2-§3).
+"""The explorer: the policy with its large Linear layers in a cheap precision (SPEC §2-§3).
 
 The explorer is not a second model. It is a set of quantized weights, cached per requantize,
 plus a context manager that swaps the forwards of the selected Linear layers of the policy for
@@ -22,7 +22,6 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
-from peft.tuners.lora import Linear as LoraLinear
 from torch import nn
 
 from solrl_core.quant.fp8 import fp8_linear, quantize_fp8
@@ -36,6 +35,10 @@ TE_MIN_CAPABILITY = (10, 0)
 
 
 def _is_lora_wrapped_linear(module: nn.Module) -> bool:
+    # peft is imported here, not at the top: importing this module just for BACKENDS (config
+    # validation) must stay cheap and quiet, and peft pulls in torchao, which logs warnings.
+    from peft.tuners.lora import Linear as LoraLinear
+
     return isinstance(module, LoraLinear) and isinstance(module.base_layer, nn.Linear)
 
 
@@ -75,7 +78,7 @@ def select_quantized_layers(model: nn.Module, skip: Sequence[str], min_dim: int)
 # --- effective (merged) weights --------------------------------------------------------------
 
 
-def _check_plain_lora(module: LoraLinear, adapter: str) -> None:
+def _check_plain_lora(module: nn.Module, adapter: str) -> None:
     if module.merged_adapters:
         raise ValueError(
             f"adapters {module.merged_adapters} are merged into the base weights of this layer; "
@@ -102,7 +105,8 @@ def effective_linear_weights(
         _check_plain_lora(module, adapter)
         scaling = module.scaling[adapter]
         lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
-        weight = weight + scaling * (lora_b.weight.detach().float() @ lora_a.weight.detach().float())
+        delta = lora_b.weight.detach().float() @ lora_a.weight.detach().float()
+        weight = weight + scaling * delta
         if lora_b.bias is not None:
             bias = bias + scaling * lora_b.bias.detach().float()
     return weight.clone(), None if bias is None else bias.clone()
@@ -132,7 +136,7 @@ class _EmulatedNVFP4:
 
 
 class _FP8:
-    """FP8 E4M3, per-tensor current scaling for weights (per requantize) and activations (per call)."""
+    """FP8 E4M3 with per-tensor current scaling: weights per requantize, activations per call."""
 
     def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None):
         weight_fp8, weight_scale = quantize_fp8(weight)
@@ -187,8 +191,8 @@ def _missing_for_transformer_engine() -> list[str]:
     if not torch.cuda.is_available():
         missing.append("a CUDA GPU")
     elif torch.cuda.get_device_capability() < TE_MIN_CAPABILITY:
-        name = torch.cuda.get_device_name()
-        missing.append(f"a Blackwell GPU (found {name}, sm_{''.join(map(str, torch.cuda.get_device_capability()))})")
+        major, minor = torch.cuda.get_device_capability()
+        missing.append(f"a Blackwell GPU (found {torch.cuda.get_device_name()}, sm_{major}{minor})")
     return missing
 
 
@@ -275,8 +279,11 @@ class Explorer:
             return
         missing = [name for name in self.layer_names if name not in self._cached_weights]
         if missing:
-            raise RuntimeError(f"requantize() the explorer before use; no weights for {missing[:3]}")
-        with _all_forwards_replaced(model, {n: self._quantized_forward(n) for n in self.layer_names}):
+            raise RuntimeError(
+                f"requantize() the explorer before use; no quantized weights for {missing[:3]}"
+            )
+        forwards = {name: self._quantized_forward(name) for name in self.layer_names}
+        with _all_forwards_replaced(model, forwards):
             yield
 
 
@@ -289,19 +296,11 @@ def _all_forwards_replaced(model: nn.Module, forwards: dict[str, Callable]) -> I
         yield
 
 
-def build_explorer(
-    model: nn.Module,
-    backend: str,
-    skip: Sequence[str],
-    min_dim: int,
-    adapter: str | None = "old",
-) -> Explorer:
-    """Select the layers, check the backend can run here, and quantize the weights once.
+def build_explorer(model: nn.Module, backend: str, skip: Sequence[str], min_dim: int) -> Explorer:
+    """Select the layers and check the backend can run here. Call requantize() before active().
 
     Backend "none" selects no layers: nothing runs quantized.
     """
     _check_backend_name(backend)
     layer_names = [] if backend == "none" else select_quantized_layers(model, skip, min_dim)
-    explorer = Explorer(backend, layer_names)
-    explorer.requantize(model, adapter)
-    return explorer
+    return Explorer(backend, layer_names)

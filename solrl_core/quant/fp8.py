@@ -23,7 +23,10 @@ def fp8_scale(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x / scale as float8_e4m3fn, scale). Clamped first: E4M3 has no inf, overflow is NaN."""
+    """(x / scale as float8_e4m3fn, scale).
+
+    x / scale can round a hair above 448. E4M3 has no infinity, and whether a raw cast of an
+    overflow saturates or gives NaN differs between conversion routines, so clamp first."""
     scale = fp8_scale(x)
     scaled = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX)
     return scaled.to(torch.float8_e4m3fn), scale

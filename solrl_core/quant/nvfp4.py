@@ -41,7 +41,7 @@ class NVFP4Packed:
     """A tensor stored in NVFP4.
 
     codes: uint8 [..., padded_K // 2], two E2M1 codes per byte; the element with the even
-        index sits in the low nibble (the layout torchao and CUDA's packed fp4x2 use).
+        index sits in the low nibble (torchao's layout, checked byte for byte in the tests).
     block_scales: float8_e4m3fn [..., padded_K // 16].
     tensor_scale: float32 scalar tensor.
     shape, dtype: of the original tensor (shape without padding).
@@ -190,7 +190,7 @@ def dequantize_nvfp4(packed: NVFP4Packed) -> torch.Tensor:
 
 
 def fake_quantize_nvfp4(x: torch.Tensor) -> torch.Tensor:
-    """dequantize_nvfp4(quantize_nvfp4(x)) without building codes: the per-forward activation path."""
+    """dequantize_nvfp4(quantize_nvfp4(x)) without building codes; the activation hot path."""
     scaled, block_scales, tensor_scale = _scale_blocks(x)
     values = _apply_scales(round_to_e2m1(scaled), block_scales, tensor_scale)
     return _unblock(values, x.shape, x.dtype)

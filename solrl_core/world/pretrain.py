@@ -30,7 +30,7 @@ from solrl_core.world.scenes import render, sample_scene
 
 @dataclass(frozen=True)
 class PretrainSettings:
-    steps: int = 2400
+    steps: int = 2000
     batch: int = 64
     lr: float = 1e-3
     warmup: int = 100

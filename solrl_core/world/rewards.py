@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 
 from solrl_core.world.captions import parse_caption
 from solrl_core.world.scenes import BACKGROUND_COLOURS, OBJECT_COLOURS, PALETTE, Scene, ShapeSpec, render
@@ -24,16 +23,16 @@ _EPS = 1e-6
 # --- compliance tolerances -----------------------------------------------------------------
 # RGB distance from the requested colour that still counts as that colour. Memberships fall
 # as exp(-(d / tolerance)^4 / 2): flat for small errors (noise, slight tints), then steep, so a
-# neighbouring palette colour (>= 0.4 away) counts ~1e-4, and faint tints summed over a whole
+# neighbouring palette colour (>= 0.4 away) counts ~3e-4, and faint tints summed over a whole
 # canvas cannot pose as an object.
 COLOUR_TOLERANCE = 0.2
-# A pixel's colour is judged relative to how much of the object it holds (its mix) but never
-# more finely than this, so the dark or pale edge pixels of *another* object do not pass as
-# a faint rim of the requested one, while noise on a plain background stays harmless.
-MIN_MIX_FOR_COLOUR = 0.25
 # Mixes well below this are treated as noise, not as faint object: summed over a whole
-# canvas, a background jittering by 0.01 would otherwise add pixels of "object" everywhere.
+# canvas, a background jittering by 0.01 would otherwise add pixels of "object" everywhere,
+# and the faint dark or pale rims of *another* object's edges would pass for this one.
 NOISE_MIX = 0.15
+# Floor of the mix when un-mixing a pixel's colour (see object_coverage): keeps the division
+# finite; pixels that faint are gated off by NOISE_MIX anyway.
+MIN_MIX = 0.05
 # Drawn area vs the reference drawing, in log ratio: a "small" drawn for a "large" (area
 # ratio ~3) keeps ~0.2; nothing drawn scores 0.
 AREA_LOG_TOLERANCE = 0.6
@@ -50,8 +49,8 @@ BACKGROUND_WEIGHT = 0.3
 # --- aesthetic tolerances ------------------------------------------------------------------
 # Distance to the nearest palette colour that still counts as pure.
 PURITY_TOLERANCE = 0.08
-# Median absolute Laplacian at which flatness falls to 1/e: Gaussian noise of sigma 0.01 keeps
-# ~0.75, sigma 0.1 ~0.05, a clean render 1.
+# Median absolute Laplacian at which flatness falls to 1/e: a clean render keeps 1, Gaussian
+# noise of sigma 0.01 / 0.05 / 0.1 about 0.8 / 0.36 / 0.15 (clipping at 0 and 1 hides some).
 NOISE_SCALE = 0.1
 # Edge-width ratio (see edge_crispness): ~2 for a one-pixel step, ~2.4 on average for the
 # anti-aliased renders, ~3.4 after a Gaussian blur of one pixel.
@@ -74,16 +73,21 @@ def object_coverage(images: torch.Tensor, object_rgb: torch.Tensor, background_r
     mixing line recovers m, so anti-aliased edges count by the area they cover. Colours off the
     line (another object, a wrong hue) are discounted by their distance from it.
     """
-    pixels = images[:, None]                                             # [B, 1, 3, H, W]
-    background = background_rgb[:, None, :, None, None]                  # [B, 1, 3, 1, 1]
-    direction = (object_rgb - background_rgb[:, None])[..., None, None]  # [B, K, 3, 1, 1]
-    offset = pixels - background
-    length_sq = (direction * direction).sum(dim=2).clamp_min(_EPS)       # [B, K, 1, 1]
-    mix = ((offset * direction).sum(dim=2) / length_sq).clamp(0.0, 1.0)  # [B, K, H, W]
-    off_line_sq = (offset - mix[:, :, None] * direction).square().sum(dim=2)
-    relative_off_line_sq = off_line_sq / mix.clamp_min(MIN_MIX_FOR_COLOUR).square()
+    # Dot products are expanded (|a - b|^2 = |a|^2 - 2 a.b + |b|^2) so nothing of size
+    # [B, K, 3, H, W] is ever built: this is the hot loop of the reward.
+    direction = object_rgb - background_rgb[:, None]                            # [B, K, 3]
+    offset = images - background_rgb[:, :, None, None]                          # [B, 3, H, W]
+    length_sq = direction.square().sum(dim=-1).clamp_min(_EPS)[..., None, None]  # [B, K, 1, 1]
+    along = torch.einsum("bchw,bkc->bkhw", offset, direction)                   # offset . direction
+    mix = (along / length_sq).clamp(0.0, 1.0)                                   # [B, K, H, W]
+    offset_sq = offset.square().sum(dim=1, keepdim=True)                        # [B, 1, H, W]
+    off_line_sq = (offset_sq - 2 * mix * along + mix.square() * length_sq).clamp_min(0.0)
+    # Dividing by the mix un-mixes the pixel: it is the distance between the colour the pixel
+    # would have at full coverage and the requested colour, so a faint rim of *another*
+    # object's edge is judged by that object's colour, not waved through as a near-background.
+    unmixed_error_sq = off_line_sq / mix.clamp_min(MIN_MIX).square()
     noise_gate = mix.square() / (mix.square() + NOISE_MIX**2)
-    return mix * noise_gate * _steep_closeness(relative_off_line_sq, COLOUR_TOLERANCE)
+    return mix * noise_gate * _steep_closeness(unmixed_error_sq, COLOUR_TOLERANCE)
 
 
 def measure_objects(coverage: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -93,8 +97,8 @@ def measure_objects(coverage: torch.Tensor) -> dict[str, torch.Tensor]:
     columns at anti-aliased edges count partially and the fill moves smoothly with the pixels.
     """
     height, width = coverage.shape[-2:]
-    xs = (torch.arange(width, dtype=torch.float32) + 0.5) / width
-    ys = (torch.arange(height, dtype=torch.float32) + 0.5) / height
+    xs = (torch.arange(width, dtype=torch.float32, device=coverage.device) + 0.5) / width
+    ys = (torch.arange(height, dtype=torch.float32, device=coverage.device) + 0.5) / height
     mass = coverage.sum(dim=(-2, -1))
     safe_mass = mass.clamp_min(_EPS)
     box_width = coverage.amax(dim=-2).sum(dim=-1)
@@ -138,9 +142,9 @@ def _targets_for(prompt: str, image_size: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _batch_targets(prompts: list[str], image_size: int) -> dict[str, torch.Tensor]:
+def _batch_targets(prompts: list[str], image_size: int, device: torch.device) -> dict[str, torch.Tensor]:
     targets = [_targets_for(prompt, image_size) for prompt in prompts]
-    return {name: torch.stack([t[name] for t in targets]).to(torch.float32) for name in targets[0]}
+    return {name: torch.stack([t[name] for t in targets]).to(device, torch.float32) for name in targets[0]}
 
 
 def _object_scores(measured: dict[str, torch.Tensor], reference: torch.Tensor) -> torch.Tensor:
@@ -170,7 +174,7 @@ def shapes_compliance(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     images = _as_unit_images(images, prompts)
     if images.shape[-1] != images.shape[-2]:
         raise ValueError(f"shapes images are square, got {tuple(images.shape[-2:])}")
-    targets = _batch_targets(prompts, images.shape[-1])
+    targets = _batch_targets(prompts, images.shape[-1], images.device)
     coverage = object_coverage(images, targets["object_rgb"], targets["background_rgb"])
     per_object = _object_scores(measure_objects(coverage), targets["reference"])
     present = targets["present"]
@@ -178,13 +182,12 @@ def shapes_compliance(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     object_area = (targets["reference"][..., 0] * present).sum(dim=-1)
     background = _background_score(images, targets["background_rgb"], object_area)
     score = objects * (1.0 - BACKGROUND_WEIGHT + BACKGROUND_WEIGHT * background)
-    return score.clamp(0.0, 1.0).to(torch.float32)
+    return _as_scores(score)
 
 
 # === aesthetic =============================================================================
 
 _PALETTE_RGB = torch.tensor(sorted(set(PALETTE.values())), dtype=torch.float32)  # [P, 3]
-_LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]]).view(1, 1, 3, 3)
 
 
 def palette_purity(images: torch.Tensor) -> torch.Tensor:
@@ -193,8 +196,11 @@ def palette_purity(images: torch.Tensor) -> torch.Tensor:
     Muddy colours, blurred edge ramps and noise move pixels off the palette; a clean render
     loses only its thin anti-aliased outline.
     """
-    distance_sq = (images[:, None] - _PALETTE_RGB[None, :, :, None, None]).square().sum(dim=2)
-    nearest_sq = distance_sq.amin(dim=1)
+    pixel_sq = images.square().sum(dim=1, keepdim=True)                         # [B, 1, H, W]
+    palette = _PALETTE_RGB.to(images.device)
+    cross = torch.einsum("bchw,pc->bphw", images, palette)                      # [B, P, H, W]
+    palette_sq = palette.square().sum(dim=-1)[None, :, None, None]
+    nearest_sq = (pixel_sq - 2 * cross + palette_sq).amin(dim=1).clamp_min(0.0)
     return torch.exp(-nearest_sq / (2 * PURITY_TOLERANCE**2)).mean(dim=(-2, -1))
 
 
@@ -204,10 +210,10 @@ def flatness(images: torch.Tensor) -> torch.Tensor:
     The median absolute Laplacian ignores the few pixels on real edges and measures the
     texture of the regions that should be flat.
     """
-    batch, channels, height, width = images.shape
-    per_channel = images.reshape(batch * channels, 1, height, width)
-    laplacian = F.conv2d(F.pad(per_channel, (1, 1, 1, 1), mode="replicate"), _LAPLACIAN)
-    roughness = laplacian.abs().reshape(batch, channels * height * width).median(dim=-1).values
+    centre = images[..., 1:-1, 1:-1]
+    neighbours = images[..., :-2, 1:-1] + images[..., 2:, 1:-1] + images[..., 1:-1, :-2] + images[..., 1:-1, 2:]
+    laplacian = neighbours - 4 * centre   # interior pixels only: the border has no full neighbourhood
+    roughness = laplacian.abs().flatten(start_dim=1).median(dim=-1).values
     return torch.exp(-roughness / NOISE_SCALE)
 
 
@@ -236,7 +242,7 @@ def shapes_aesthetic(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         * flatness(images).clamp_min(_EPS) ** FLATNESS_WEIGHT
         * edge_crispness(images).clamp_min(_EPS) ** CRISPNESS_WEIGHT
     )
-    return score.clamp(0.0, 1.0).to(torch.float32)
+    return _as_scores(score)
 
 
 def _as_unit_images(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
@@ -246,3 +252,8 @@ def _as_unit_images(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
     # Samplers overshoot [0, 1] a little; score what a viewer would see.
     return images.detach().to(torch.float32).clamp(0.0, 1.0)
+
+
+def _as_scores(score: torch.Tensor) -> torch.Tensor:
+    # The reward registry's contract: float32 on the CPU, whatever device the images were on.
+    return score.clamp(0.0, 1.0).to("cpu", torch.float32)

@@ -2,7 +2,8 @@
 
 A scene is a flat background with one or two coloured shapes placed on a 3x3 grid. Every
 geometric fact (where a grid cell is, how big "small" is, what a triangle looks like) lives
-here, so the renderer and the analytic rewards can never disagree about them.
+here; the analytic rewards take their targets from this renderer's own drawings, so the two
+can never disagree about them.
 
 Coordinates are fractions of the image side (x to the right, y downwards), so the same scene
 renders at any resolution.

@@ -1,0 +1,327 @@
+"""The NVFP4 format, rule by rule (SPEC §3), and a cross-check against torchao's NVFP4."""
+
+import pytest
+import torch
+
+from solrl_core.quant.nvfp4 import (
+    BLOCK_SIZE,
+    E2M1_MAGNITUDES,
+    NVFP4Packed,
+    decode_e2m1,
+    dequantize_nvfp4,
+    encode_e2m1,
+    fake_quantize_nvfp4,
+    nvfp4_tensor_scale,
+    pack_codes,
+    quantize_nvfp4,
+    round_to_e2m1,
+    unpack_codes,
+)
+
+E4M3_SMALLEST_NORMAL = 2.0**-6
+
+
+def gaussian(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# --- E2M1 elements ---------------------------------------------------------------------------
+
+
+def test_every_e2m1_value_is_exactly_representable_and_round_trips():
+    grid = torch.tensor(E2M1_MAGNITUDES)
+    values = torch.cat([grid, -grid])
+    assert torch.equal(round_to_e2m1(values), values)
+    assert torch.equal(decode_e2m1(encode_e2m1(values)), values)
+
+
+def test_e2m1_codes_are_the_standard_bit_patterns():
+    # magnitude code = index into 0, .5, 1, 1.5, 2, 3, 4, 6; sign is bit 3
+    grid = torch.tensor(E2M1_MAGNITUDES)
+    assert encode_e2m1(grid).tolist() == list(range(8))
+    assert encode_e2m1(-grid[1:]).tolist() == [0b1000 | code for code in range(1, 8)]
+
+
+@pytest.mark.parametrize(
+    "tie, expected",
+    [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)],
+)
+def test_ties_round_to_the_even_code(tie, expected):
+    assert round_to_e2m1(torch.tensor([tie])).item() == expected
+    assert round_to_e2m1(torch.tensor([-tie])).item() == -expected
+
+
+def test_values_next_to_a_tie_round_to_the_nearest_value():
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    just_above = torch.nextafter(ties, torch.full_like(ties, 10.0))
+    just_below = torch.nextafter(ties, torch.zeros_like(ties))
+    assert round_to_e2m1(just_above).tolist() == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    assert round_to_e2m1(just_below).tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+
+
+def test_saturates_at_plus_minus_six():
+    beyond = torch.tensor([6.0, 6.5, 7.0, 100.0, 3.0e38])
+    assert round_to_e2m1(beyond).tolist() == [6.0] * 5
+    assert round_to_e2m1(-beyond).tolist() == [-6.0] * 5
+
+
+def test_sign_is_kept_including_on_values_that_round_to_zero():
+    values = torch.tensor([-0.1, -0.0, 0.0, 0.1, -1.5, 1.5])
+    codes = encode_e2m1(values)
+    assert codes.tolist() == [0b1000, 0b1000, 0, 0, 0b1011, 0b0011]
+    decoded = decode_e2m1(codes)
+    assert decoded.tolist() == [0.0, 0.0, 0.0, 0.0, -1.5, 1.5]  # -0.0 == 0.0
+    assert torch.signbit(decoded).tolist() == [True, True, False, False, True, False]
+
+
+def test_fake_quantize_keeps_signs():
+    x = gaussian(8, 64)
+    quantized = fake_quantize_nvfp4(x)
+    nonzero = quantized != 0
+    assert torch.equal(torch.sign(quantized[nonzero]), torch.sign(x[nonzero]))
+    assert torch.equal(fake_quantize_nvfp4(-x), -quantized)
+
+
+# --- packing ---------------------------------------------------------------------------------
+
+
+def test_pack_unpack_round_trip_with_even_index_in_low_nibble():
+    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 2)
+    packed = pack_codes(codes)
+    assert packed.shape == (3, 16) and packed.dtype == torch.uint8
+    assert packed[0, 0].item() == 0x10  # codes 0 (low) and 1 (high)
+    assert torch.equal(unpack_codes(packed), codes)
+
+
+def test_quantize_dequantize_round_trip_equals_fake_quantize():
+    x = gaussian(4, 3, 64)
+    packed = quantize_nvfp4(x)
+    assert packed.codes.shape == (4, 3, 32)
+    assert torch.equal(dequantize_nvfp4(packed), fake_quantize_nvfp4(x))
+
+
+def test_already_quantized_values_survive_a_second_round_trip_unchanged():
+    once = fake_quantize_nvfp4(gaussian(16, 128))
+    assert torch.equal(fake_quantize_nvfp4(once), once)
+
+
+# --- blocks and scales -----------------------------------------------------------------------
+
+
+def test_blocks_are_16_values_along_the_last_dim():
+    # Row 0: a block of small values next to a block of large ones. With 16-value blocks along
+    # the last dim the small block gets its own fine scale; with blocks along dim 0 or of 32
+    # values it would be quantized against the large amax and collapse to zero.
+    x = torch.zeros(2, 32)
+    x[0, :16] = torch.linspace(0.01, 0.16, 16)
+    x[0, 16:] = 100.0
+    x[1, :] = 100.0
+    packed = quantize_nvfp4(x)
+    assert packed.block_scales.shape == (2, 32 // BLOCK_SIZE)
+    small_block = dequantize_nvfp4(packed)[0, :16]
+    assert (small_block != 0).all()
+    assert (small_block - x[0, :16]).abs().max() <= 0.16 * 17 / 96
+
+
+def test_a_large_value_in_one_block_leaves_other_blocks_unchanged_at_fixed_tensor_amax():
+    # Keep the tensor amax fixed (a 448*6 sentinel block) so only block-local effects remain.
+    x = gaussian(1, 64)
+    x[0, 48:] = 0.0
+    x[0, 48] = 2688.0
+    spiked = x.clone()
+    spiked[0, 5] = 50.0  # block 0 only
+    before, after = fake_quantize_nvfp4(x), fake_quantize_nvfp4(spiked)
+    assert not torch.equal(before[0, :16], after[0, :16])
+    assert torch.equal(before[0, 16:], after[0, 16:])
+
+
+def test_block_scales_are_e4m3_at_most_448_and_equal_the_formula():
+    x = gaussian(32, 256) * torch.logspace(-3, 3, 32).unsqueeze(1)
+    packed = quantize_nvfp4(x)
+    assert packed.block_scales.dtype == torch.float8_e4m3fn
+    scales = packed.block_scales.float()
+    assert scales.max().item() == 448.0  # the block holding the tensor amax
+    assert (scales <= 448.0).all()
+    block_amax = x.reshape(32, -1, BLOCK_SIZE).abs().amax(-1)
+    expected = (block_amax / 6 / packed.tensor_scale).to(torch.float8_e4m3fn)
+    assert torch.equal(packed.block_scales.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_tensor_scale_is_amax_over_448_times_6_in_fp32():
+    x = gaussian(8, 32).to(torch.bfloat16) * 3
+    packed = quantize_nvfp4(x)
+    assert packed.tensor_scale.dtype == torch.float32 and packed.tensor_scale.dim() == 0
+    assert packed.tensor_scale.item() == (x.abs().max().float() / (448 * 6)).item()
+    assert torch.equal(nvfp4_tensor_scale(x), packed.tensor_scale)
+
+
+def test_all_zero_block_and_all_zero_tensor_give_zeros_without_nan():
+    x = gaussian(2, 32)
+    x[0, :16] = 0.0
+    quantized = fake_quantize_nvfp4(x)
+    assert torch.isfinite(quantized).all()
+    assert torch.equal(quantized[0, :16], torch.zeros(16))
+
+    zeros = torch.zeros(3, 48)
+    packed = quantize_nvfp4(zeros)
+    assert packed.tensor_scale.item() == 0.0
+    assert (packed.block_scales.float() == 0).all()
+    assert torch.equal(dequantize_nvfp4(packed), zeros)
+    assert torch.equal(fake_quantize_nvfp4(zeros), zeros)
+
+
+def test_block_whose_scale_rounds_to_zero_in_e4m3_dequantizes_to_zero():
+    x = torch.zeros(1, 32)
+    x[0, 0] = 1.0e6  # sets the tensor scale
+    x[0, 16:] = 1.0e-6  # amax/6/s_tensor ~ 4.5e-10, far below E4M3's smallest subnormal 2^-9
+    packed = quantize_nvfp4(x)
+    assert packed.block_scales[0, 1].float().item() == 0.0
+    quantized = dequantize_nvfp4(packed)
+    assert torch.isfinite(quantized).all()
+    assert torch.equal(quantized[0, 16:], torch.zeros(16))
+
+
+def test_dequantization_error_is_bounded_by_block_amax():
+    # With a normal E4M3 scale, s_block >= exact/(1 + 2^-4) so |x|/(s_block*s_tensor) <= 6.375,
+    # where the E2M1 step is at most 2: the error is at most one scale unit,
+    # s_block * s_tensor <= (amax_block / 6) * (1 + 2^-4) = amax_block * 17/96.
+    x = gaussian(64, 512)
+    packed = quantize_nvfp4(x)
+    assert (packed.block_scales.float() >= E4M3_SMALLEST_NORMAL).all()
+    blocks = x.reshape(64, -1, BLOCK_SIZE)
+    errors = (dequantize_nvfp4(packed).reshape(blocks.shape) - blocks).abs().amax(-1)
+    assert (errors <= blocks.abs().amax(-1) * 17 / 96 * 1.0001).all()
+
+
+def test_last_dim_not_a_multiple_of_16_is_zero_padded():
+    x = gaussian(3, 20)
+    padded = torch.cat([x, torch.zeros(3, 12)], dim=1)
+    packed = quantize_nvfp4(x)
+    assert packed.shape == x.shape and packed.block_scales.shape == (3, 2)
+    assert torch.equal(dequantize_nvfp4(packed), fake_quantize_nvfp4(padded)[:, :20])
+    assert torch.equal(fake_quantize_nvfp4(x), fake_quantize_nvfp4(padded)[:, :20])
+
+
+def test_dtype_and_shape_are_restored():
+    x = gaussian(2, 3, 32).to(torch.bfloat16)
+    packed = quantize_nvfp4(x)
+    assert isinstance(packed, NVFP4Packed)
+    assert dequantize_nvfp4(packed).dtype == torch.bfloat16
+    assert fake_quantize_nvfp4(x).shape == x.shape and fake_quantize_nvfp4(x).dtype == x.dtype
+
+
+# --- cross-check against torchao -------------------------------------------------------------
+
+torchao_nvfp4 = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+torchao_kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+
+
+def torchao_quantize(x):
+    """torchao's two-level NVFP4 (per-tensor scale mode), with its per-tensor scale formula."""
+    tensor_scale = torchao_nvfp4.per_tensor_amax_to_scale(x.abs().max())
+    return torchao_nvfp4.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=tensor_scale)
+
+
+def spread_blocks(rows, cols, seed, spread=2.0):
+    """Gaussian values with per-block magnitudes spread log-normally (e^(spread * N(0,1))), so a
+    few percent of blocks are small enough for a subnormal E4M3 block scale."""
+    magnitudes = torch.exp(spread * gaussian(rows, cols // BLOCK_SIZE, seed=seed + 1000))
+    return gaussian(rows, cols, seed=seed) * magnitudes.repeat_interleave(BLOCK_SIZE, 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bit_exact_with_torchao_where_block_scales_are_normal(seed):
+    x = spread_blocks(64, 256, seed)
+    ours, theirs = quantize_nvfp4(x), torchao_quantize(x)
+    assert torch.equal(ours.tensor_scale, theirs.per_tensor_scale)
+    normal = ours.block_scales.float() >= E4M3_SMALLEST_NORMAL
+    assert 0.75 < normal.float().mean() < 1.0  # covers most blocks, and some are subnormal
+    assert torch.equal(
+        ours.block_scales.view(torch.uint8)[normal], theirs.scale.view(torch.uint8)[normal]
+    )
+    normal_elements = normal.repeat_interleave(BLOCK_SIZE, 1)
+    our_codes = unpack_codes(ours.codes)
+    their_codes = torchao_kernels.unpack_uint4(theirs.qdata)
+    assert torch.equal(our_codes[normal_elements], their_codes[normal_elements])
+
+
+def test_packed_bytes_and_scales_identical_to_torchao_when_all_block_scales_are_normal():
+    x = spread_blocks(64, 256, seed=11, spread=1.0)
+    ours, theirs = quantize_nvfp4(x), torchao_quantize(x)
+    assert (ours.block_scales.float() >= E4M3_SMALLEST_NORMAL).all()
+    assert torch.equal(ours.codes, theirs.qdata)  # same nibble order, byte for byte
+    assert torch.equal(ours.block_scales.view(torch.uint8), theirs.scale.view(torch.uint8))
+
+
+def test_difference_torchao_clamps_block_scales_to_the_smallest_normal_e4m3():
+    """torchao clamps the block scale to >= 2^-6 (E4M3's smallest normal) before the cast; the
+    spec casts amax_block / 6 / s_tensor as is, so a block with amax below ~amax_tensor / 28672
+    gets a subnormal E4M3 scale (2^-9 .. 7 * 2^-9) or 0. For such a block torchao's scale is too
+    large: its values use only the lower part of the E2M1 grid. Measured on 256 blocks whose
+    exact scale lies in [2^-9, 2^-6.2]: relative RMS error 0.105 (spec) vs 0.131 (torchao)."""
+    generator = torch.Generator().manual_seed(0)
+    exact_scales = torch.exp2(torch.empty(256, 1).uniform_(-9, -6.2, generator=generator))
+    tiny_blocks = gaussian(256, BLOCK_SIZE)
+    tiny_blocks = tiny_blocks / tiny_blocks.abs().amax(1, keepdim=True) * 6 * exact_scales
+    sentinel = torch.full((1, BLOCK_SIZE), 2688.0)  # tensor scale exactly 1.0
+    x = torch.cat([sentinel, tiny_blocks]).reshape(1, -1)
+
+    ours, theirs = quantize_nvfp4(x), torchao_quantize(x)
+    our_scales, their_scales = ours.block_scales.float()[0, 1:], theirs.scale.float()[0, 1:]
+    assert (our_scales < E4M3_SMALLEST_NORMAL).all()
+    assert (their_scales == E4M3_SMALLEST_NORMAL).all()
+
+    def relative_rms_error(values):
+        tiny, approx = x[0, BLOCK_SIZE:], values[0, BLOCK_SIZE:]
+        return ((approx - tiny).norm() / tiny.norm()).item()
+
+    our_error = relative_rms_error(dequantize_nvfp4(ours))
+    their_error = relative_rms_error(theirs.dequantize(torch.float32))
+    assert our_error < 0.11 < 0.125 < their_error
+
+
+def test_difference_torchao_multiplies_by_a_reciprocal_which_can_move_exact_ties():
+    """The spec divides, x / (s_block * s_tensor); torchao multiplies, x * ((1/s_tensor)/s_block),
+    to match its Triton kernel. The two can differ in the last bit, which matters exactly when
+    the quotient is a rounding tie: there torchao may round the other way. Found by search:
+    a block of exact ties under division; torchao rounds three of them away from even."""
+    tensor_amax, block_amax = 56.960845947265625, 24.993162155151367  # exact fp32 values
+    tensor_scale = torch.tensor(tensor_amax) / (448 * 6)
+    block_scale = (torch.tensor(block_amax) / 6 / tensor_scale).to(torch.float8_e4m3fn).float()
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    tie_values = ties * (block_scale * tensor_scale)
+    assert torch.equal(tie_values / (block_scale * tensor_scale), ties)  # exact ties by division
+    assert not torch.equal(tie_values * ((1 / tensor_scale) / block_scale), ties)
+
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 16], x[0, 17:24] = tensor_amax, block_amax, tie_values
+    our_codes = unpack_codes(quantize_nvfp4(x).codes)[0, 17:24]
+    their_codes = torchao_kernels.unpack_uint4(torchao_quantize(x).qdata)[0, 17:24]
+    assert our_codes.tolist() == [0, 2, 2, 4, 4, 6, 6]  # ties to even: 0, 1, 1, 2, 2, 4, 4
+    # torchao's reciprocal lands just below the ties at 0.75, 1.75 and 3.5 and rounds down
+    assert their_codes.tolist() == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_difference_dequantization_rounds_once_where_torchao_rounds_twice():
+    """We compute (q * s_block) * s_tensor: q * s_block is exact (few significant bits), so the
+    result is the correctly rounded product. torchao computes q * (s_tensor * s_block), rounding
+    s_tensor * s_block first. The results agree for q in {0.5, 1, 2, 4} (exact power-of-two
+    products) and can differ by one ulp for q in {1.5, 3, 6}."""
+    x = spread_blocks(64, 256, seed=7)
+    ours, theirs = quantize_nvfp4(x), torchao_quantize(x)
+    normal = (ours.block_scales.float() >= E4M3_SMALLEST_NORMAL).repeat_interleave(BLOCK_SIZE, 1)
+    our_values, their_values = dequantize_nvfp4(ours), theirs.dequantize(torch.float32)
+
+    codes = unpack_codes(ours.codes)
+    exact = (
+        decode_e2m1(codes).double().reshape(64, -1, BLOCK_SIZE)
+        * ours.block_scales.double().unsqueeze(-1)
+        * ours.tensor_scale.double()
+    ).reshape(64, 256).float()
+    assert torch.equal(our_values, exact)  # correctly rounded
+
+    differs = (our_values != their_values) & normal
+    assert differs.any()
+    assert set(decode_e2m1(codes)[differs].abs().tolist()) <= {1.5, 3.0, 6.0}
+    one_ulp = torch.finfo(torch.float32).eps * our_values.abs()
+    assert ((our_values - their_values).abs()[differs] <= one_ulp[differs]).all()
