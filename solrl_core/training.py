@@ -13,29 +13,54 @@ from pathlib import Path
 import torch
 
 from solrl_core import stages
+from solrl_core.accounting import accountant_for
 from solrl_core.config import Config, to_dict
 from solrl_core.ledger import append_jsonl, append_ledger, ledger_frame, write_json
+from solrl_core.models.adapters import EMA, adapter_state
 from solrl_core.rewards.registry import finite_mean
 
 LEDGER, METRICS, SUMMARY = "ledger.parquet", "metrics.jsonl", "summary.json"
+LORA = "lora.safetensors"  # the final LoRA adapters (trained, old, EMA): a DVC-tracked output
+
+
+# A stage runner calls one stage: (stage name, function, *args) -> result. The default calls it
+# directly; the Prefect flow passes one that runs each stage as a task. One loop serves both.
+StageRunner = Callable[..., object]
+
+
+def call_directly(stage: str, function: Callable, *args, **kwargs):
+    return function(*args, **kwargs)
+
+
+class RunObserver:
+    """Hooks for trackers (MLflow) and reporters; every hook is optional."""
+
+    def on_start(self, config: Config, out_dir: Path) -> None: ...
+
+    def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None: ...
+
+    def on_iteration(self, metrics: dict) -> None: ...
+
+    def on_end(self, summary: dict) -> None: ...
 
 
 @dataclass
 class StageClock:
-    """Wall-clock seconds per stage of one iteration."""
+    """Wall-clock seconds per stage of one iteration, around whatever runner executes the stage."""
 
+    runner: StageRunner = call_directly
     seconds: dict[str, float] = field(default_factory=dict)
 
     def time(self, stage: str, function: Callable, *args, **kwargs):
         started = time.perf_counter()
-        result = function(*args, **kwargs)
+        result = self.runner(stage, function, *args, **kwargs)
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
         return result
 
 
-def run_iteration(state: stages.RunState, iteration: int, out_dir: Path) -> dict:
+def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner: StageRunner = call_directly) -> dict:
     """One Sol-RL iteration; appends the ledger rows and returns the metrics record."""
-    clock = StageClock()
+    clock = StageClock(runner)
     drafts = clock.time("explore", stages.explore, state, iteration)
     selection = clock.time("rank", stages.rank, drafts, state.config.keep)
     rollout = clock.time("regenerate", stages.regenerate, state, drafts, selection)
@@ -43,7 +68,11 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path) -> dict
     clock.time("requantize", stages.requantize, state)
     fidelity = stages.online_fidelity(drafts, selection, rollout)
     append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
-    return _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock)
+    # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
+    compute = accountant_for(state).iteration(
+        state, explored=drafts.seeds.numel(), explore_steps=len(drafts.sigmas) - 1, kept=rollout.seeds.numel(),
+        train_steps=len(rollout.sigmas) - 1, evaluated=should_evaluate(state.config, iteration), seconds=clock.seconds)
+    return _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, compute)
 
 
 def _ledger_rows(drafts, selection, rollout, report):
@@ -55,7 +84,7 @@ def _ledger_rows(drafts, selection, rollout, report):
     )
 
 
-def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock) -> dict:
+def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, compute: dict | None = None) -> dict:
     kept = rollout.combined()
     half = kept.shape[1] // 2
     finite_fidelity = [rho for rho in fidelity if math.isfinite(rho)]
@@ -72,6 +101,7 @@ def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock) -> d
         "fidelity_spearman": sum(finite_fidelity) / len(finite_fidelity) if finite_fidelity else None,
         "fidelity_spearman_per_prompt": fidelity,
         "seconds": {**clock.seconds, "total": sum(clock.seconds.values())},
+        **(compute or {}),
     }
 
 
@@ -79,29 +109,32 @@ def should_evaluate(config: Config, iteration: int) -> bool:
     return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
 
 
-def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = print) -> dict:
+def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = print,
+                 runner: StageRunner = call_directly, observers: list[RunObserver] = ()) -> dict:
     """Run ``config.iterations`` iterations; returns the summary also written to summary.json."""
     started = time.perf_counter()
     # Load the model and build the explorer first: a missing file or an unsupported backend
     # stops the run before anything is written.
-    state = stages.initial_state(config)
-    quantize_report = stages.quantize(state)
+    state = runner("load", stages.initial_state, config)
+    quantize_report = runner("quantize", stages.quantize, state)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for observer in observers:
+        observer.on_start(config, out_dir)
     log(f"explorer: {quantize_report['backend']} on {quantize_report['quantized_layers']} Linear layers; "
         f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
-    base_eval, base_images = stages.evaluate(state, adapter=None)
-    save_grid(out_dir / "samples_base.png", base_images, config)
+    base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
     log("base      " + _format_rewards(base_eval))
     evaluations = [{"iteration": -1, **base_eval}]
     final_eval = base_eval
     for iteration in range(config.iterations):
-        metrics = run_iteration(state, iteration, out_dir)
+        metrics = run_iteration(state, iteration, out_dir, runner)
         if should_evaluate(config, iteration):
-            final_eval, images = stages.evaluate(state)
-            save_grid(out_dir / "samples_final.png", images, config)
+            final_eval = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
             metrics["eval"] = final_eval
             evaluations.append({"iteration": iteration, **final_eval})
         append_jsonl(out_dir / METRICS, metrics)
+        for observer in observers:
+            observer.on_iteration(metrics)
         log(_iteration_line(metrics))
     summary = {
         "preset": config.preset, "family": config.family, "iterations": config.iterations,
@@ -109,11 +142,32 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
         "seconds": round(time.perf_counter() - started, 2),
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY)},
+        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA)},
         "config": to_dict(config),
     }
+    save_adapters(out_dir / LORA, state)
     write_json(out_dir / SUMMARY, summary)
+    for observer in observers:
+        observer.on_end(summary)
     return summary
+
+
+def _evaluate(state, runner, observers, grid_path: Path, iteration: int, adapter: str | None = EMA) -> dict:
+    rewards, images = runner("evaluate", stages.evaluate, state, adapter)
+    save_grid(grid_path, images, state.config)
+    for observer in observers:
+        observer.on_evaluation(iteration, rewards, images)
+    return rewards
+
+
+def save_adapters(path: Path, state: stages.RunState) -> None:
+    """The LoRA adapters as safetensors, written to a temporary name and renamed into place."""
+    from safetensors.torch import save_file
+
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_file(adapter_state(state.policy.transformer), str(temporary),
+              metadata={"preset": state.config.preset, "family": state.config.family})
+    temporary.replace(path)
 
 
 def save_grid(path: Path, images: torch.Tensor, config: Config) -> None:
