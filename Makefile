@@ -4,15 +4,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-RUN_OUT ?= runs/make-run
+# A new directory per call: a run never writes into an earlier run's outputs.
+RUN_OUT ?= runs/make-run-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: run test install pretrain clean-venv
+.PHONY: run test install pretrain mlflow-ui clean-venv
 
 install: $(STAMP)
 
@@ -23,6 +25,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the pair whose torchvision imports here (pip takes them from local wheels when present).
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# Reward-model packages without their stale pins (see pyproject.toml): hpsv2x ships HPS's
+	# open_clip with its BPE vocabulary (the hpsv2 upload lacks it); image-reward is ImageReward.
+	$(BIN)/python -m pip install --quiet --no-deps hpsv2x==1.2.0 image-reward==1.5
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -30,6 +35,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Reward-vs-GPU-hour curves of every run logged to ./mlflow.db (artifacts in ./mlruns), on loopback.
+MLFLOW_PORT ?= 5000
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --default-artifact-root $(CURDIR)/mlruns \
+		--host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
 
 pretrain: $(STAMP)
 	$(BIN)/solrl pretrain --preset shapes-tiny

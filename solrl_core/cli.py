@@ -11,10 +11,16 @@ import os
 import sys
 from pathlib import Path
 
+from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands
 from solrl_core.config import ConfigError, config_keys, parse_override, to_yaml
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 
 USER_ERROR = 2
+# Set before Prefect or MLflow is imported: no telemetry (nothing outside this machine is
+# reachable), no hub downloads, and time for Prefect's ephemeral server to start on a busy machine.
+QUIET_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                     "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1",
+                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
 
 
 class UserError(Exception):
@@ -36,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arguments(run)
     run.add_argument("--iterations", type=int, help="iterations to run (same as -S iterations=N)")
     run.add_argument("--out", required=True, help="output directory (ledger.parquet, metrics.jsonl, summary.json)")
+    run.add_argument("--no-tracking", action="store_true", help="do not log the run to MLflow")
+    run.add_argument("--tracking-uri", default=None,
+                     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     _add_config_arguments(config)
@@ -45,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--preset", default="shapes-tiny", choices=["shapes-tiny"])
     pretrain.add_argument("--steps", type=int, default=None)
     pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")
+    add_study_commands(commands)  # fidelity, compare
     return parser
 
 
@@ -69,15 +79,28 @@ def command_run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out_dir} is a file, not a directory; choose a new directory")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"output directory {out_dir} is not empty; choose a new --out")
-    from solrl_core.models.shapes_tiny import ModelFilesMissing
+    # Model and reward-model files alike: one line, exit code 2, nothing written.
+    from solrl_core.models.loading import ModelFilesMissing
     from solrl_core.report import print_summary
-    from solrl_core.training import run_training
+    # The Prefect flow (every stage a task; Prefect's ephemeral server unless PREFECT_API_URL is
+    # set), started only once the config and the output directory are known to be good.
+    from flows.solrl import run_locally
+
+    from solrl_core.models.registry import check_model_files
+    from solrl_core.rewards.registry import check_reward_files
 
     try:
-        summary = run_training(config, out_dir)
+        # Cheap file checks first, so missing weights stop the run before Prefect starts.
+        check_model_files(config.model)
+        check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
+        summary = run_locally(preset=config.preset, family=config.family, iterations=args.iterations,
+                              overrides=list(args.overrides), out=str(out_dir), tracking=not args.no_tracking,
+                              tracking_uri=args.tracking_uri)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None
     print_summary(summary)
+    if "mlflow" in summary:
+        print(f"MLflow run {summary['mlflow']['run_id']}; reward vs GPU-hours: {summary['mlflow']['ui']}")
     return 0
 
 
@@ -106,11 +129,12 @@ def command_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain}
+COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, **STUDY_COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)

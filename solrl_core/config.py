@@ -37,6 +37,8 @@ class ModelConfig:
     device: str = "auto"
     resolution: int = 32
     guidance: float = 1.0
+    # Keep text encoders and the VAE on the CPU except while encoding new prompts or decoding.
+    offload_encoders: bool = False
 
 
 @dataclass
@@ -109,6 +111,15 @@ class EvalConfig:
 
 
 @dataclass
+class AccountingConfig:
+    # Device profile whose dense peaks turn counted FLOPs into modeled GPU-hours (SPEC §9):
+    # B200, H100 or H200 (solrl_core.accounting.DEVICE_PROFILES).
+    device: str = "B200"
+    # Share of the dense peak a real run sustains; one factor for every stage and family.
+    utilization: float = 0.4
+
+
+@dataclass
 class PromptConfig:
     # Text files with one prompt per line; empty means the embedded world's caption generator.
     train_file: str = ""
@@ -128,6 +139,8 @@ class Config:
     prompts_per_iteration: int = 48
     # Reward name -> weight; the weighted sum ranks seeds and forms advantages.
     rewards: dict[str, float] = field(default_factory=lambda: {"shapes-compliance": 1.0})
+    # Reward name -> local checkpoint folder or file (else the reward's env var, else the HF cache).
+    reward_paths: dict[str, str] = field(default_factory=dict)
     prompts: PromptConfig = field(default_factory=PromptConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -136,6 +149,7 @@ class Config:
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)
     progress: bool = True
 
 
@@ -287,6 +301,7 @@ def from_dict(mapping: dict[str, Any]) -> Config:
 
 def validate(config: Config) -> Config:
     """Check every cross-field rule; return the config unchanged when it is runnable."""
+    from solrl_core.accounting import profile_problem
     from solrl_core.presets import PRESETS
     from solrl_core.quant.explorer import BACKENDS
     from solrl_core.rewards.registry import REWARDS
@@ -320,6 +335,10 @@ def validate(config: Config) -> Config:
     _require(0 <= config.train.eta_max < 1 and config.train.eta_rate >= 0, "train.eta_max must be in [0, 1) and train.eta_rate >= 0")
     _require(config.sampler.shift > 0, f"sampler.shift ({config.sampler.shift}) must be > 0")
     _require(config.quant.min_dim >= 0, f"quant.min_dim ({config.quant.min_dim}) must be >= 0")
+    _require(0 < config.accounting.utilization <= 1,
+             f"accounting.utilization ({config.accounting.utilization}) must be in (0, 1]")
+    accounting_problem = profile_problem(config.accounting.device, config.explore.backend)
+    _require(accounting_problem is None, accounting_problem or "")
     _require(0 <= config.seed < 2**63, f"seed ({config.seed}) must be in [0, 2**63)")
     for key in config_keys(config):
         value = get_key(config, key)

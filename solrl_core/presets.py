@@ -2,10 +2,22 @@
 
 A preset is a nested mapping applied onto the defaults; a family is a mapping applied after it.
 Per-model differences live here, never in copied training loops.
+
+Real models (SPEC section 8) are described once each in MODEL_PRESETS; a run preset is a model
+preset + a reward + the paper's defaults (PAPER_DEFAULTS). Their weights load from local files
+only: ``-S model.path=DIR``, the model's env var (SOLRL_FLUX_PATH, SOLRL_SANA_PATH,
+SOLRL_SD35_PATH), or the local Hugging Face cache.
+
+The explorer backend of the real presets is ``emulated-nvfp4``, which runs on any GPU but is not
+fast. Pick the cheap precision of the machine with ``-S explore.backend=...``: ``fp8`` on Hopper
+or Ada (H100/H200, sm_89+: real FP8 GEMMs), ``te-nvfp4`` on Blackwell (B200, sm_100+, needs the
+``gpu`` extra).
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 from solrl_core.config import Config, ConfigError, apply_mapping, validate
@@ -27,22 +39,122 @@ PRESETS: dict[str, dict[str, Any]] = {
             "explore": {"backend": "emulated-nvfp4", "steps": 6, "chunk": 96},
             "regenerate": {"steps": 10, "chunk": 96},
             "rewards": {"shapes-compliance": 1.0},
-            "iterations": 12,
-            "prompts_per_iteration": 8,
+            "iterations": 20,
+            "prompts_per_iteration": 4,
             "pool": 96,
             "keep": 24,
             "train": {
-                "lr": 1e-3,
+                "lr": 3e-3,
                 "timestep_fraction": 0.6,
                 "steps_per_iteration": 2,
                 "micro_batch": 96,
                 "lora": {"rank": 8, "alpha": 16, "targets": ["to_q", "to_k", "to_v", "to_out.0"]},
             },
-            "eval": {"every": 4, "steps": 20, "prompts": 32, "seeds_per_prompt": 2, "chunk": 128,
+            "eval": {"every": 5, "steps": 12, "prompts": 32, "seeds_per_prompt": 2, "chunk": 128,
                      "rewards": ["shapes-compliance", "shapes-aesthetic"]},
         },
     },
 }
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts_data"
+
+# SANA: patch embedder, timestep / caption conditioning, the output head.
+SANA_QUANT_SKIP = ["patch_embed.*", "time_embed.*", "caption_projection.*", "norm_out.*", "proj_out"]
+# SD3: patch embedder, timestep / pooled-text conditioning, context embedder, AdaLN linears, head.
+SD3_QUANT_SKIP = ["pos_embed.*", "time_text_embed.*", "context_embedder", "*norm1.linear", "*norm1_context.linear",
+                  "norm_out.*", "proj_out"]
+ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
+JOINT_ATTENTION = ATTENTION + ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+PAPER_REWARDS = ["imagereward", "clipscore", "pickscore", "hpsv2"]
+
+
+def flux_shift(resolution: int, base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    """FLUX's resolution-dependent timestep shift exp(mu): mu is linear in the packed token count,
+    0.5 at 256 tokens and 1.15 at 4096 (the FLUX.1 scheduler config); 512 px -> 1024 tokens."""
+    tokens = (resolution // 16) ** 2
+    mu = base_shift + (max_shift - base_shift) * (tokens - 256) / (4096 - 256)
+    return round(math.exp(mu), 4)
+
+
+# SPEC section 8, one entry per model: the data that differs between models.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "flux.1-dev": {
+        "description": "FLUX.1-dev (FluxPipeline), 512 px, DPM-Solver-2, guidance embedding 1.0",
+        "settings": {
+            "model": {"loader": "flux", "resolution": 512, "guidance": 1.0},
+            "sampler": {"kind": "dpm2", "shift": flux_shift(512)},
+            "quant": {"skip": FLUX_QUANT_SKIP, "min_dim": 1000},
+            "train": {"timestep_fraction": 0.4, "lora": {"targets": ATTENTION}},
+            "eval": {"steps": 28},
+        },
+    },
+    "sana-1.6b": {
+        "description": "SANA 1.6B (SanaPipeline), 1024 px, Euler",
+        "settings": {
+            "model": {"loader": "sana", "resolution": 1024},
+            "sampler": {"kind": "euler", "shift": 3.0},
+            "quant": {"skip": SANA_QUANT_SKIP, "min_dim": 2240},
+            # Self-attention (attn1) and cross-attention (attn2) projections share these names.
+            "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
+            "eval": {"steps": 40},
+        },
+    },
+    "sd3.5-large": {
+        "description": "Stable Diffusion 3.5 Large (StableDiffusion3Pipeline), 1024 px, DPM-Solver-2",
+        "settings": {
+            "model": {"loader": "sd3", "resolution": 1024},
+            "sampler": {"kind": "dpm2", "shift": 3.0},
+            "quant": {"skip": SD3_QUANT_SKIP, "min_dim": 2432},
+            "train": {"timestep_fraction": 0.6, "lora": {"targets": JOINT_ATTENTION}},
+            "eval": {"steps": 40},
+        },
+    },
+}
+
+# SPEC sections 2 and 4: what every real run shares unless its model preset says otherwise.
+PAPER_DEFAULTS: dict[str, Any] = {
+    "iterations": 100,
+    "pool": 96,
+    "keep": 24,
+    "prompts_per_iteration": 48,
+    "model": {"dtype": "auto"},
+    "explore": {"backend": "emulated-nvfp4", "steps": 6, "chunk": 24},
+    "regenerate": {"steps": 10, "chunk": 24},
+    "prompts": {"train_file": str(PROMPTS_DIR / "train.txt"), "eval_file": str(PROMPTS_DIR / "eval.txt")},
+    "train": {"lr": 3e-4, "steps_per_iteration": 1, "micro_batch": 2, "lora": {"rank": 32, "alpha": 64}},
+    "eval": {"every": 20, "prompts": 16, "seeds_per_prompt": 2, "chunk": 8, "rewards": PAPER_REWARDS},
+}
+
+
+def merged(*mappings: dict[str, Any]) -> dict[str, Any]:
+    """Nested mappings merged left to right; later values win, sections merge key by key."""
+    result: dict[str, Any] = {}
+    for mapping in mappings:
+        for key, value in mapping.items():
+            if isinstance(value, dict) and isinstance(result.get(key), dict) and key != "rewards":
+                result[key] = merged(result[key], value)
+            else:
+                result[key] = value
+    return result
+
+
+def real_preset(model: str, rewards: dict[str, float]) -> dict[str, Any]:
+    """A run preset: a model preset trained against ``rewards`` with the paper's defaults."""
+    names = " + ".join(rewards)
+    return {
+        "description": f"{MODEL_PRESETS[model]['description']}; Sol-RL against {names}",
+        "model_preset": model,
+        "settings": merged(PAPER_DEFAULTS, MODEL_PRESETS[model]["settings"], {"rewards": rewards}),
+    }
+
+
+# Names the Prefect deployments point at (solrl/<name>).
+PRESETS.update({
+    "flux-imagereward": real_preset("flux.1-dev", {"imagereward": 1.0}),
+    "flux-clipscore": real_preset("flux.1-dev", {"clipscore": 1.0}),
+    "sana-hpsv2": real_preset("sana-1.6b", {"hpsv2": 1.0}),
+    "sd35l-pickscore": real_preset("sd3.5-large", {"pickscore": 1.0}),
+})
 
 # SPEC section 5. Families without regeneration train on their rollout, which runs at
 # regenerate.steps (T_train); families with it draft at explore.steps and regenerate the kept.

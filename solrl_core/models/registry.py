@@ -1,4 +1,9 @@
-"""Policy loaders by name; a preset names its loader in ``model.loader``."""
+"""Policy loaders by name; a preset names its loader in ``model.loader``.
+
+Every loader takes ``(model config, device, dtype)`` and returns a FlowPolicy, or raises
+:class:`~solrl_core.models.loading.ModelFilesMissing` with one line naming the missing files.
+Loaders import their heavy dependencies only when called.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,56 @@ from collections.abc import Callable
 
 import torch
 
-from solrl_core.config import Config
+from solrl_core.config import Config, ModelConfig
+from solrl_core.models.loading import ModelFilesMissing
 from solrl_core.models.policy import FlowPolicy
 
+__all__ = ["LOADERS", "ModelFilesMissing", "check_model_files", "load_policy", "resolve_device", "resolve_dtype"]
 
-def _shapes_tiny(path: str, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+
+def _shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
     from solrl_core.models.shapes_tiny import load_shapes_tiny
 
-    return load_shapes_tiny(path, device, dtype)
+    return load_shapes_tiny(model.path, device, dtype)
 
 
-LOADERS: dict[str, Callable[[str, torch.device, torch.dtype], FlowPolicy]] = {
+def _flux(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+    from solrl_core.models.flux_dev import load_flux
+
+    return load_flux(model, device, dtype)
+
+
+def _sana(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+    from solrl_core.models.sana import load_sana
+
+    return load_sana(model, device, dtype)
+
+
+def _sd3(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+    from solrl_core.models.sd3 import load_sd3
+
+    return load_sd3(model, device, dtype)
+
+
+LOADERS: dict[str, Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy]] = {
     "shapes-tiny": _shapes_tiny,
+    "flux": _flux,
+    "sana": _sana,
+    "sd3": _sd3,
 }
+
+
+def check_model_files(model: ModelConfig) -> None:
+    """Raise ModelFilesMissing now if a real model's folder is missing: a cheap check (no import of
+    diffusers, nothing loaded) for callers that want to fail before starting heavier machinery."""
+    from solrl_core.models.flux_dev import FLUX_DEV
+    from solrl_core.models.loading import resolve_model_dir
+    from solrl_core.models.sana import SANA_1600M
+    from solrl_core.models.sd3 import SD35_LARGE
+
+    spec = {"flux": FLUX_DEV, "sana": SANA_1600M, "sd3": SD35_LARGE}.get(model.loader)
+    if spec is not None:
+        resolve_model_dir(spec, model.path)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,4 +79,4 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_policy(config: Config) -> FlowPolicy:
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
-    return LOADERS[config.model.loader](config.model.path, device, dtype)
+    return LOADERS[config.model.loader](config.model, device, dtype)

@@ -29,10 +29,56 @@ def _shapes_aesthetic() -> Reward:
     return shapes_aesthetic
 
 
-REWARDS: dict[str, Callable[[], Reward]] = {
+def _imagereward(path: str = "") -> Reward:
+    from solrl_core.rewards.imagereward import load_imagereward
+
+    return load_imagereward(path)
+
+
+def _hpsv2(path: str = "") -> Reward:
+    from solrl_core.rewards.hpsv2 import load_hpsv2
+
+    return load_hpsv2(path)
+
+
+def _pickscore(path: str = "") -> Reward:
+    from solrl_core.rewards.pickscore import load_pickscore
+
+    return load_pickscore(path)
+
+
+def _clipscore(path: str = "") -> Reward:
+    from solrl_core.rewards.clipscore import load_clipscore
+
+    return load_clipscore(path)
+
+
+# name -> factory(path); the real reward models (SPEC section 7) read their files from ``path``
+# (config ``reward_paths``), else their env var, else the local Hugging Face cache.
+REWARDS: dict[str, Callable[..., Reward]] = {
     "shapes-compliance": _shapes_compliance,
     "shapes-aesthetic": _shapes_aesthetic,
+    "imagereward": _imagereward,
+    "hpsv2": _hpsv2,
+    "pickscore": _pickscore,
+    "clipscore": _clipscore,
 }
+# The embedded world's rewards are analytic: they have no files.
+FILE_FREE = ("shapes-compliance", "shapes-aesthetic")
+# Where each real reward's main files are described (module, LocalFiles constant).
+_REWARD_FILES = {"imagereward": ("imagereward", "IMAGEREWARD"), "hpsv2": ("hpsv2", "HPSV2"),
+                 "pickscore": ("pickscore", "PICKSCORE"), "clipscore": ("clipscore", "CLIPSCORE")}
+
+
+def check_reward_files(names: list[str], paths: dict[str, str] | None = None) -> None:
+    """Raise ModelFilesMissing now if a real reward's checkpoint folder is missing (nothing loaded)."""
+    import importlib
+
+    for name in dict.fromkeys(names):
+        if name in _REWARD_FILES:
+            module, constant = _REWARD_FILES[name]
+            files = getattr(importlib.import_module(f"solrl_core.rewards.{module}"), constant)
+            files.resolve((paths or {}).get(name, ""))
 
 
 class RewardFailure(RuntimeError):
@@ -50,10 +96,13 @@ class RewardScores:
 class RewardSet:
     """The rewards a run computes: the weighted training rewards plus any evaluation-only ones."""
 
-    def __init__(self, weights: dict[str, float], extra: list[str] | tuple[str, ...] = ()):
+    def __init__(self, weights: dict[str, float], extra: list[str] | tuple[str, ...] = (),
+                 paths: dict[str, str] | None = None):
         self.weights = dict(weights)
         names = list(weights) + [name for name in extra if name not in weights]
-        self.models = {name: REWARDS[name]() for name in names}
+        paths = paths or {}
+        self.models = {name: REWARDS[name]() if name in FILE_FREE else REWARDS[name](paths.get(name, ""))
+                       for name in names}
 
     @property
     def names(self) -> list[str]:

@@ -1,0 +1,125 @@
+"""The ``compare`` flow: the equal-GPU-hour comparison of the families (or of one ablation's points)
+of ``solrl_core.compare``, and the report page beside it.
+
+Two ways in:
+
+* train: every variant trained to the budget, exactly as ``solrl compare`` does;
+* from finished runs: the runs a pipeline already trained (DVC's ``train@family`` stages, each a
+  ``solrl compare --families F`` into the same folder) compared without training again, so every
+  family can carry its own overrides (e.g. a pool sweep of sol_rl alone).
+
+``python -m flows.compare --from-runs DIR ...`` runs the second without Prefect (a DVC stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from solrl_core.config import from_dict, parse_override
+
+
+def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
+                          families: list[str] | None = None) -> dict:
+    """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
+    runs in ``runs_dir/<name>/`` (each with summary.json, metrics.jsonl and the evaluation images)."""
+    from safetensors.torch import load_file
+
+    from solrl_core import compare
+    from solrl_core.accounting import modeled_iteration_hours
+    from solrl_core.training import SUMMARY
+
+    started = time.perf_counter()
+    names = families or sorted(p.name for p in runs_dir.iterdir() if (p / SUMMARY).is_file())
+    if not names:
+        raise FileNotFoundError(f"no finished runs (summary.json) under {runs_dir}")
+    order = {name: index for index, name in enumerate(("diffusionnft", "naive_scaling", "naive_quant", "sol_rl"))}
+    names = sorted(names, key=lambda name: (order.get(name, len(order)), name))
+    results = {}
+    for name in names:
+        run_dir = runs_dir / name
+        summary = json.loads((run_dir / SUMMARY).read_text())
+        config = from_dict(summary["config"])
+        results[name] = {"config": config, "estimate": modeled_iteration_hours(config), "run_dir": run_dir,
+                         "reused": True, "summary": summary, "images": load_file(str(run_dir / compare.EVAL_IMAGES))}
+    variants = {name: result["config"] for name, result in results.items()}
+    first = next(iter(variants.values()))
+    report = compare.build_report(variants, results, budget_gpu_hours, compare.metric_name(first.rewards),
+                                  compare.weighted_metric(first.rewards), command)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    compare.write_outputs(report, results, out_dir)
+    write_metrics(report, out_dir / METRICS_FILE)
+    return report
+
+
+METRICS_FILE = "compare_metrics.json"
+
+
+def write_metrics(report: dict, path: Path) -> None:
+    """The headline numbers as a flat metrics file (``dvc exp show`` and ``dvc metrics`` columns)."""
+    metrics = {"speedup_to_equal_reward": report.get("speedup_to_equal_reward"),
+               **{f"final_reward.{name}": entry["final_reward"] for name, entry in report["families"].items()},
+               **{f"modeled_gpu_hours.{name}": entry["modeled_gpu_hours_used"]
+                  for name, entry in report["families"].items()}}
+    path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+
+
+def _variants(preset: str, families: list[str], ablation: str | None, overrides: list[str]) -> dict:
+    from solrl_core.ablations import ABLATION_FAMILY, ablation_overrides, ablation_points, variant_name
+    from solrl_core.presets import resolve_config
+
+    pairs = [parse_override(text) for text in overrides]
+    if ablation:
+        return {variant_name(ablation, point): resolve_config(preset, ABLATION_FAMILY,
+                                                              pairs + ablation_overrides(ablation, point))
+                for point in ablation_points(ablation)}
+    return {family: resolve_config(preset, family, pairs) for family in families}
+
+
+@flow(name="compare", persist_result=False, log_prints=False)
+def compare(budget_gpu_hours: float, out: str = "reports", preset: str = "shapes-tiny",
+            families: list[str] | None = None, ablation: str | None = None, evaluations: int = 6,
+            overrides: list[str] | None = None, from_runs: str | None = None) -> dict:
+    """Train every family (or ablation point) to ``budget_gpu_hours`` modeled GPU-hours and compare;
+    with ``from_runs``, compare the finished runs in that folder instead of training."""
+    from solrl_core.compare import run_comparison
+    from solrl_core.report_readme import write_readme
+
+    logger = get_run_logger()
+    out_dir = Path(out).expanduser().resolve()
+    if from_runs:
+        report = compare_finished_runs(Path(from_runs).expanduser().resolve(), out_dir, budget_gpu_hours,
+                                       families=families)
+    else:
+        variants = _variants(preset, families or ["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"],
+                             ablation, overrides or [])
+        report = run_comparison(variants, budget_gpu_hours, out_dir, evaluations=evaluations, log=logger.info)
+    readme = write_readme(out_dir)
+    speedup = report.get("speedup_to_equal_reward")
+    logger.info(f"speed-up to equal reward (sol_rl vs diffusionnft): {speedup if speedup is None else f'{speedup:.2f}x'}")
+    logger.info(f"wrote {out_dir / 'compare.json'} and {readme}")
+    return {"speedup_to_equal_reward": speedup, "out": str(out_dir)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.compare",
+                                     description="compare finished runs without training again (no Prefect)")
+    parser.add_argument("--from-runs", required=True, help="folder of finished runs, one sub-folder per family")
+    parser.add_argument("--budget-gpu-hours", type=float, required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    command = " ".join(["python -m flows.compare", *(argv if argv is not None else sys.argv[1:])])
+    report = compare_finished_runs(Path(args.from_runs), Path(args.out), args.budget_gpu_hours, command=command)
+    print((Path(args.out) / "compare.md").read_text(encoding="utf-8"), end="")
+    print(f"speed-up to equal reward: {report.get('speedup_to_equal_reward')}; wrote {Path(args.out) / 'compare.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Compute accounting (SPEC §9): FLOPs per stage counted on the real model, device profiles, and
+GPU-hours, modeled everywhere and measured on CUDA.
+
+Modeled GPU-hours of a stage = its FLOPs / (the device profile's dense peak for the stage's
+precision x the utilisation factor). Each stage runs at its own precision, as on the paper's
+hardware: the explorer's quantized Linear layers at FP4 (NVFP4 backends) or FP8, everything else
+(attention, the layers the explorer skips, regeneration, the update, evaluation) at BF16. FLOPs
+of one sample's forward (and of one trained sample's forward + backward) are counted once per
+input shape with ``torch.utils.flop_counter`` and multiplied by the number of calls a stage makes.
+Reward models are not counted: the embedded world's rewards are analytic and do no matmuls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+# Dense peaks, TFLOP/s (SPEC §9). None: the precision has no tensor cores on that device.
+DEVICE_PROFILES: dict[str, dict[str, float | None]] = {
+    "B200": {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0},
+    "H100": {"bf16": 989.0, "fp8": 1979.0, "fp4": None},
+    "H200": {"bf16": 989.0, "fp8": 1979.0, "fp4": None},
+}
+# The precision the explorer's quantized layers run at, per backend.
+BACKEND_PRECISION = {"none": "bf16", "emulated-nvfp4": "fp4", "te-nvfp4": "fp4", "fp8": "fp8"}
+TRAINING_STAGES = ("explore", "rank", "regenerate", "update", "requantize")
+
+# The CPU build of SDPA is not in flop_counter's registry; without these, attention counts zero.
+_aten = torch.ops.aten
+
+
+def _sdpa_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+_EXTRA_FORMULAS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_forward,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward,
+}
+
+
+def profile_problem(device: str, backend: str) -> str | None:
+    """Why this device profile cannot model this explorer backend, or None when it can."""
+    if device not in DEVICE_PROFILES:
+        return f"unknown accounting.device '{device}'; allowed: {', '.join(DEVICE_PROFILES)}"
+    precision = BACKEND_PRECISION.get(backend, "bf16")
+    if DEVICE_PROFILES[device][precision] is None:
+        return (f"accounting.device {device} has no {precision.upper()} tensor cores for explore.backend {backend}; "
+                f"use explore.backend=fp8 (the Hopper explorer) or accounting.device=B200")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP counting
+
+
+@dataclass(frozen=True)
+class Flops:
+    """FLOPs split by the precision they run at on the modeled device."""
+
+    low: int = 0  # in the explorer's quantized Linear layers (FP4 / FP8)
+    high: int = 0  # everything else (BF16)
+
+    @property
+    def total(self) -> int:
+        return self.low + self.high
+
+    def __mul__(self, count: int) -> Flops:
+        return Flops(self.low * count, self.high * count)
+
+    __rmul__ = __mul__
+
+    def __add__(self, other: Flops) -> Flops:
+        return Flops(self.low + other.low, self.high + other.high)
+
+
+def count_flops(function, quantized_layers: frozenset[str] = frozenset()) -> Flops:
+    """FLOPs of ``function()``; those inside modules named in ``quantized_layers`` count as low precision.
+
+    Module names in the counter are prefixed by the root module's class name, which is dropped.
+    """
+    with FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
+        function()
+    per_module = {name.partition(".")[2]: sum(per_op.values()) for name, per_op in counter.get_flop_counts().items()}
+    low = sum(per_module.get(name, 0) for name in quantized_layers)
+    return Flops(low=low, high=counter.get_total_flops() - low)
+
+
+def _low_precision_share(plain_forward, layer_names: list[str]) -> Flops:
+    """For kernels the counter cannot see (Transformer Engine's): the layers' base matmuls as
+    counted in the full-precision forward (a LoRA wrapper's base_layer, else the layer)."""
+    with FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
+        plain_forward()
+    per_module = {name.partition(".")[2]: sum(per_op.values()) for name, per_op in counter.get_flop_counts().items()}
+    low = sum(per_module.get(f"{name}.base_layer", per_module.get(name, 0)) for name in layer_names)
+    return Flops(low=low, high=counter.get_total_flops() - low)
+
+
+@dataclass
+class SampleFlops:
+    """Per-sample FLOPs of the calls an iteration makes, for one input shape."""
+
+    policy_forward: Flops  # the full-precision policy with a LoRA adapter active
+    explorer_forward: Flops  # the explorer (quantized layers low precision)
+    reference_forward: Flops  # the base alone (adapters off): the KL reference
+    trained_forward_backward: Flops  # the trained adapter, forward + backward
+    requantize: Flops  # one requantize (LoRA merges), whole model
+
+
+# Counted FLOPs per input shape and model layout, shared by every run in the process (counting
+# runs the model under a Python dispatch mode: about a second per shape on the embedded world).
+_SAMPLE_FLOPS: dict[tuple, SampleFlops] = {}
+
+
+def sample_flops(state) -> SampleFlops:
+    """The run's per-sample FLOPs, counted the first time this shape and model layout is seen."""
+    config, explorer = state.config, state.explorer
+    key = (config.model.loader, config.model.path, tuple(state.policy.latent_shape),
+           tuple((name, tuple(value.shape)) for name, value in
+                 sorted(state.policy.conditioning([state.train_prompts[0]]).items())),
+           config.explore.backend, tuple(explorer.layer_names) if explorer is not None else (),
+           config.train.lora.rank, tuple(config.train.lora.targets))
+    if key not in _SAMPLE_FLOPS:
+        _SAMPLE_FLOPS[key] = count_sample_flops(state)
+    return _SAMPLE_FLOPS[key]
+
+
+def count_sample_flops(state) -> SampleFlops:
+    """Count one sample's calls on the run's real policy and explorer. No randomness is drawn and no
+    weight changes, so counting never alters a run; gradients it makes are cleared."""
+    from solrl_core.models.adapters import OLD, TRAINED, active_adapter
+    from solrl_core.quant.explorer import effective_linear_weights
+
+    policy, explorer = state.policy, state.explorer
+    transformer = policy.transformer
+    latents = torch.zeros((1, *policy.latent_shape), dtype=torch.float32, device=policy.device)
+    sigma = torch.full((1,), 0.5, device=policy.device)
+    conditioning = policy.conditioning([state.train_prompts[0]])
+
+    def forward(adapter: str | None, use_explorer: bool = False):
+        def run():
+            with torch.no_grad(), active_adapter(transformer, adapter):
+                if use_explorer and explorer is not None:
+                    with explorer.active(transformer):
+                        policy.velocity(latents, sigma, conditioning)
+                else:
+                    policy.velocity(latents, sigma, conditioning)
+        return run
+
+    def forward_backward():
+        with active_adapter(transformer, TRAINED):
+            policy.velocity(latents, sigma, conditioning).square().mean().backward()
+
+    def merge_loras():
+        # What requantize computes besides the element-wise quantization: each layer's LoRA merge.
+        with torch.no_grad():
+            for name in explorer.layer_names:
+                effective_linear_weights(transformer.get_submodule(name), OLD)
+
+    quantized = frozenset(explorer.layer_names) if explorer is not None else frozenset()
+    try:
+        explorer_forward = count_flops(forward(OLD, use_explorer=True), quantized)
+        if quantized and explorer_forward.low == 0:
+            explorer_forward = _low_precision_share(forward(OLD), explorer.layer_names)
+        counts = SampleFlops(
+            policy_forward=count_flops(forward(OLD)),
+            explorer_forward=explorer_forward,
+            reference_forward=count_flops(forward(None)),
+            trained_forward_backward=count_flops(forward_backward),
+            requantize=count_flops(merge_loras) if explorer is not None and explorer.layer_names else Flops(),
+        )
+    finally:
+        for parameter in transformer.parameters():
+            parameter.grad = None
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# From FLOPs to GPU-hours
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    device: str = "B200"
+    utilization: float = 0.4
+    explore_precision: str = "fp4"
+
+    def hours(self, flops: Flops, low_precision: str | None = None) -> float:
+        """GPU-hours of ``flops``: the low part at ``low_precision`` (default BF16), the rest at BF16."""
+        peaks = DEVICE_PROFILES[self.device]
+        low_peak = peaks[low_precision or "bf16"]
+        if low_peak is None:
+            raise ValueError(f"device {self.device} has no {low_precision} peak")
+        seconds = (flops.low / low_peak + flops.high / peaks["bf16"]) / (1e12 * self.utilization)
+        return seconds / 3600.0
+
+
+def stage_flops(config, counts: SampleFlops, explored: int, explore_steps: int, kept: int, train_steps: int,
+                evaluated: bool) -> dict[str, Flops]:
+    """FLOPs of each stage of one iteration from the number of calls it makes.
+
+    Both samplers make one velocity call per step; the update makes, per trained (sample, timestep)
+    item, one "old" forward and one reference forward without grad and one forward + backward of
+    the trained policy (as ``stages.update`` does).
+    """
+    per_sample_timesteps = max(1, round(config.train.timestep_fraction * train_steps))
+    update_items = kept * per_sample_timesteps
+    regenerated = kept if config.regenerate.enabled else 0
+    evaluation = config.eval.prompts * config.eval.seeds_per_prompt * config.eval.steps if evaluated else 0
+    return {
+        "explore": counts.explorer_forward * (explored * explore_steps),
+        "rank": Flops(),
+        "regenerate": counts.policy_forward * (regenerated * config.regenerate.steps),
+        "update": (counts.policy_forward + counts.reference_forward + counts.trained_forward_backward) * update_items,
+        "requantize": counts.requantize,
+        "evaluate": counts.policy_forward * evaluation,
+    }
+
+
+def stage_hours(model: DeviceModel, flops: dict[str, Flops]) -> dict[str, float]:
+    return {stage: model.hours(value, model.explore_precision if stage == "explore" else None)
+            for stage, value in flops.items()}
+
+
+def device_model(config) -> DeviceModel:
+    return DeviceModel(config.accounting.device, config.accounting.utilization,
+                       BACKEND_PRECISION.get(config.explore.backend, "bf16"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-run bookkeeping
+
+
+@dataclass
+class Accountant:
+    """Accumulates a run's GPU-hours over its iterations."""
+
+    model: DeviceModel
+    modeled_cumulative: float = 0.0
+    measured_cumulative: float | None = None
+
+    def iteration(self, state, explored: int, explore_steps: int, kept: int, train_steps: int, evaluated: bool,
+                  seconds: dict[str, float]) -> dict:
+        """The metrics.jsonl fields of one iteration (training stages; evaluation on its own)."""
+        flops = stage_flops(state.config, sample_flops(state), explored, explore_steps, kept, train_steps,
+                            evaluated)
+        hours = stage_hours(self.model, flops)
+        iteration_hours = sum(hours[stage] for stage in TRAINING_STAGES)
+        self.modeled_cumulative += iteration_hours
+        record = {
+            "modeled_gpu_hours": {**{stage: hours[stage] for stage in TRAINING_STAGES}, "total": iteration_hours},
+            "modeled_gpu_hours_cumulative": self.modeled_cumulative,
+            "modeled_gpu_hours_evaluate": hours["evaluate"],
+            "flops": {**{stage: flops[stage].total for stage in (*TRAINING_STAGES, "evaluate")}},
+        }
+        measured = measured_gpu_hours(state.policy.device, sum(seconds.values()))
+        if measured is not None:
+            self.measured_cumulative = (self.measured_cumulative or 0.0) + measured
+        record["gpu_hours"] = measured
+        record["gpu_hours_cumulative"] = self.measured_cumulative
+        return record
+
+
+def measured_gpu_hours(device: torch.device, seconds: float) -> float | None:
+    """Wall-clock x GPUs, on CUDA only (None elsewhere: the modeled figure is the one to read)."""
+    if device.type != "cuda":
+        return None
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return seconds * world / 3600.0
+
+
+# One accountant per live run state. Keyed by id (the state dataclass is unhashable) and dropped
+# with the state, so the training loop needs no extra argument to carry it.
+_ACCOUNTANTS: dict[int, Accountant] = {}
+
+
+def accountant_for(state) -> Accountant:
+    key = id(state)
+    if key not in _ACCOUNTANTS:
+        _ACCOUNTANTS[key] = Accountant(device_model(state.config))
+        weakref.finalize(state, _ACCOUNTANTS.pop, key, None)
+    return _ACCOUNTANTS[key]
+
+
+def modeled_iteration_hours(config, state=None) -> dict:
+    """Modeled GPU-hours of one training iteration of ``config`` (no evaluation), before running it.
+
+    Loads the policy and builds the explorer when no ``state`` is given (seconds on the embedded
+    world). Used to size a run to a GPU-hour budget.
+    """
+    from solrl_core import stages
+    from solrl_core.presets import rollout_steps
+
+    if state is None:
+        state = stages.initial_state(config)
+        stages.quantize(state)
+    counts = sample_flops(state)
+    explored = config.prompts_per_iteration * config.pool
+    kept = config.prompts_per_iteration * config.keep
+    # The trained-on samples are always on the T_train grid: regenerated, or the rollout itself.
+    flops = stage_flops(config, counts, explored, rollout_steps(config), kept, config.regenerate.steps, evaluated=True)
+    hours = stage_hours(device_model(config), flops)
+    return {"stages": {stage: hours[stage] for stage in TRAINING_STAGES},
+            "total": sum(hours[stage] for stage in TRAINING_STAGES), "evaluate": hours["evaluate"],
+            "flops_per_sample": {"policy_forward": counts.policy_forward.total,
+                                 "explorer_forward": counts.explorer_forward.total,
+                                 "explorer_forward_low_precision": counts.explorer_forward.low,
+                                 "reference_forward": counts.reference_forward.total,
+                                 "trained_forward_backward": counts.trained_forward_backward.total},
+            "device": config.accounting.device, "utilization": config.accounting.utilization}

@@ -1,0 +1,179 @@
+"""The measuring subcommands of `solrl`: `fidelity` (ranking study) and `compare` (equal budget).
+
+Kept beside cli.py so the training commands stay short. User errors raise ConfigError, which the
+`solrl` entry point turns into one line on stderr and exit code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from pathlib import Path
+
+from solrl_core.config import ConfigError, parse_override
+
+
+def add_study_commands(commands) -> None:
+    from solrl_core.ablations import ABLATIONS
+    from solrl_core.presets import FAMILIES, PRESETS
+
+    fidelity = commands.add_parser("fidelity", help="ranking fidelity of the explorer against full precision")
+    fidelity.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
+    fidelity.add_argument("--prompts", type=int, default=64, help="held-out prompts (default 64)")
+    fidelity.add_argument("--pool", type=int, default=96, help="seeds per prompt (default 96)")
+    fidelity.add_argument("--explore-steps", default="6", help="explorer step counts, e.g. 2,4,6,8 (default 6)")
+    fidelity.add_argument("--backend", default="emulated-nvfp4,fp8",
+                          help="explorer backends, e.g. emulated-nvfp4,fp8 (default both)")
+    fidelity.add_argument("--out", required=True, help="JSON file to write (a PNG plot is written beside it)")
+    _add_overrides(fidelity)
+
+    compare = commands.add_parser("compare", help="train the families to one GPU-hour budget and compare")
+    compare.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
+    compare.add_argument("--budget-gpu-hours", type=float, help="modeled GPU-hours each family may spend")
+    compare.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of: {', '.join(FAMILIES)}")
+    compare.add_argument("--ablation", default=None,
+                         help=f"compare the points of one ablation of sol_rl instead: {', '.join(ABLATIONS)}")
+    compare.add_argument("--device", default=None, help="device profile (same as -S accounting.device=...)")
+    compare.add_argument("--evaluations", type=int, default=6, help="evaluations per family over the budget")
+    compare.add_argument("--out", required=True, help="output directory (compare.json, compare.png, compare.md, ...)")
+    compare.add_argument("--readme-only", action="store_true",
+                         help="only rebuild OUT/README.md from the reports already in OUT")
+    _add_overrides(compare)
+
+
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. -S regenerate.steps=10")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} '{text}': expected comma-separated integers, e.g. 2,4,6,8") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} '{text}': give step counts >= 1, e.g. 2,4,6,8")
+    return values
+
+
+def _name_list(text: str, flag: str, allowed) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [value for value in values if value not in allowed]
+    if not values or unknown:
+        raise ConfigError(f"{flag}: unknown '{', '.join(unknown) or text}'; allowed: {', '.join(allowed)}")
+    return list(dict.fromkeys(values))
+
+
+def _resolve(preset: str, family: str, overrides: list[tuple]):
+    from solrl_core.presets import resolve_config
+
+    return resolve_config(preset, family, overrides)
+
+
+def _check_backends_available(backends: list[str]) -> None:
+    """A backend this machine cannot run (te-nvfp4 off Blackwell) stops before any sampling."""
+    import torch
+
+    from solrl_core.quant.explorer import build_explorer
+
+    for backend in backends:
+        try:
+            build_explorer(torch.nn.Sequential(), backend, [], 0)
+        except RuntimeError as error:
+            raise ConfigError(str(error)) from None
+
+
+def _model_errors():
+    from solrl_core.models.loading import ModelFilesMissing
+
+    return ModelFilesMissing
+
+
+def command_fidelity(args: argparse.Namespace) -> int:
+    from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
+    from solrl_core.quant.explorer import BACKENDS
+
+    steps = _int_list(args.explore_steps, "--explore-steps")
+    backends = _name_list(args.backend, "--backend", BACKENDS)
+    if args.prompts < 1:
+        raise ConfigError(f"--prompts ({args.prompts}) must be >= 1")
+    if args.pool < 2:
+        raise ConfigError(f"--pool ({args.pool}) must be >= 2: a ranking needs two seeds")
+    out = Path(args.out).expanduser().resolve()
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a JSON file path")
+    overrides = [parse_override(text) for text in args.overrides]
+    config = _resolve(args.preset, "sol_rl", overrides)
+    _check_backends_available(backends)
+    plan = FidelityPlan(prompts=args.prompts, pool=args.pool, explore_steps=tuple(steps), backends=tuple(backends))
+    try:
+        report = run_fidelity(config, plan, out=out)
+    except _model_errors() as missing:
+        raise ConfigError(str(missing)) from None
+    plot_fidelity(report, out.with_suffix(".png"))
+    print(f"full precision ({report['full_precision']['steps']} steps): mean reward "
+          f"{report['full_precision']['reward_mean']:.4f}")
+    for result in report["results"]:
+        print(f"{result['backend']:15s} {result['explore_steps']:2d} steps  {format_result(result)}")
+    print(f"wrote {out} and {out.with_suffix('.png')} in {report['seconds']:.0f}s")
+    return 0
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
+    from solrl_core.compare import run_comparison
+    from solrl_core.presets import FAMILIES
+    from solrl_core.report_readme import write_readme
+
+    out = Path(args.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory")
+    if args.readme_only:
+        if not out.is_dir():
+            raise ConfigError(f"--out {out} does not exist; run the comparison first")
+        print(f"wrote {write_readme(out)}")
+        return 0
+    budget = args.budget_gpu_hours
+    if budget is None or not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(f"--budget-gpu-hours ({budget}) must be a positive number, e.g. 2e-5")
+    if args.evaluations < 1:
+        raise ConfigError(f"--evaluations ({args.evaluations}) must be >= 1")
+    overrides = [parse_override(text) for text in args.overrides]
+    if args.device is not None:
+        overrides.append(("accounting.device", args.device))
+    if args.ablation is not None:
+        if args.ablation not in ABLATIONS:
+            raise ConfigError(f"unknown --ablation '{args.ablation}'; allowed: {', '.join(ABLATIONS)}")
+        variants = {variant_name(args.ablation, point): _resolve(args.preset, ABLATION_FAMILY,
+                                                                 overrides + ablation_overrides(args.ablation, point))
+                    for point in ablation_points(args.ablation)}
+    else:
+        variants = {family: _resolve(args.preset, family, overrides)
+                    for family in _name_list(args.families, "--families", FAMILIES)}
+    command = _command_line(args)
+    try:
+        report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command)
+    except _model_errors() as missing:
+        raise ConfigError(str(missing)) from None
+    except FileExistsError as error:
+        raise ConfigError(str(error)) from None
+    print((out / "compare.md").read_text(encoding="utf-8"), end="")
+    if report.get("speedup_to_equal_reward") is not None:
+        print(f"speed-up to equal reward (sol_rl vs diffusionnft): {report['speedup_to_equal_reward']:.2f}x")
+    print(f"wrote {out / 'compare.json'}, compare.png, compare.md, samples_grid.png; {write_readme(out)}")
+    return 0
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The comparison's command, recorded in compare.json so the report says how to rebuild it."""
+    parts = ["solrl", "compare", "--preset", args.preset, "--budget-gpu-hours", f"{args.budget_gpu_hours:g}"]
+    parts += ["--ablation", args.ablation] if args.ablation else ["--families", args.families]
+    parts += ["--device", args.device] if args.device else []
+    parts += ["--evaluations", str(args.evaluations), "--out", args.out]
+    for text in args.overrides:
+        parts += ["-S", text]
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+STUDY_COMMANDS = {"fidelity": command_fidelity, "compare": command_compare}

@@ -1,0 +1,278 @@
+"""Ranking fidelity of the explorer (SPEC §6): does a cheap draft rank a prompt's seeds the way the
+full-precision policy does?
+
+For P held-out prompts x N seeds, the same seeds are sampled twice: by the full-precision policy at
+T_train steps (the truth) and by the explorer (a backend at T_explore steps, the proxy). Both are
+scored with the run's reward; the metrics below compare the two rankings prompt by prompt. The
+picks the metrics judge follow the rank stage's order (``select_extremes``: stable, NaN worst), so
+ties and NaNs are treated exactly as in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from solrl_core.config import Config, to_dict
+from solrl_core.selection import average_ranks, kendall_tau, spearman
+
+TOP_K = (4, 8, 12)
+TAIL = 12  # the paper's K/2 at K = 24: the kept best and kept worst halves
+
+# SPEC §6: NVFP4 6-step drafts vs BF16, 256 prompts x 96 seeds (FP8 as the proxy: ranks only).
+PAPER = {
+    "emulated-nvfp4": {"spearman": 0.927, "kendall": 0.798, "top_k_precision": {"4": 0.969, "8": 0.950, "12": 0.933},
+                       "mean_true_rank_top12": 8.5, "mean_true_rank_bottom12": 87.0},
+    "fp8": {"mean_true_rank_top12": 7.7, "mean_true_rank_bottom12": 87.8},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics on two scorings of the same seeds
+
+
+def true_ranks(truth: torch.Tensor) -> torch.Tensor:
+    """1-based ranks within one group, 1 = best (highest reward); ties share their average rank."""
+    return average_ranks(-truth.double())
+
+
+def ranking_metrics(proxy: torch.Tensor, truth: torch.Tensor, ks: Sequence[int] = TOP_K, tail: int = TAIL) -> dict:
+    """Fidelity of ``proxy`` [P, N] (explorer rewards) to ``truth`` [P, N] (full-precision rewards).
+
+    - spearman, kendall: rank correlations per prompt, averaged over prompts (NaN prompts, e.g. a
+      constant reward, are left out of the mean).
+    - top_k_precision[k]: share of the explorer's top-k that are truly top-k (a pick tied with the
+      true k-th best counts as truly top-k).
+    - bottom_k_precision[k]: the same for the bottom k.
+    - bottom_k_contamination[k]: share of the explorer's bottom-k that are truly top-k: "worst"
+      picks that are among the best, the selection error that flips an advantage's sign.
+    - mean_true_rank_top{tail} / _bottom{tail}: mean 1-based true rank (1 = best) of the explorer's
+      tail best / tail worst picks; perfect (tail+1)/2 and N - (tail-1)/2, random (N+1)/2.
+    """
+    if proxy.shape != truth.shape or proxy.dim() != 2:
+        raise ValueError(f"proxy {tuple(proxy.shape)} and truth {tuple(truth.shape)} must both be [prompts, seeds]")
+    groups, pool = proxy.shape
+    tail = min(tail, pool // 2)
+    ks = [k for k in ks if 2 * k <= pool]
+    truth = truth.double()
+    truth_clean = torch.nan_to_num(truth, nan=-math.inf)
+    result = {
+        "spearman": _finite_mean([spearman(proxy[g], truth[g]) for g in range(groups)]),
+        "kendall": _finite_mean([kendall_tau(proxy[g], truth[g]) for g in range(groups)]),
+        "top_k_precision": {}, "bottom_k_precision": {}, "bottom_k_contamination": {},
+    }
+    descending = truth_clean.sort(dim=1, descending=True).values
+    order = proxy_order(proxy)
+    for k in ks:
+        top, bottom = _gather(truth_clean, order[:, :k]), _gather(truth_clean, order[:, pool - k:])
+        kth_best, kth_worst = descending[:, k - 1:k], descending[:, pool - k:pool - k + 1]
+        result["top_k_precision"][str(k)] = float((top >= kth_best).double().mean())
+        result["bottom_k_precision"][str(k)] = float((bottom <= kth_worst).double().mean())
+        result["bottom_k_contamination"][str(k)] = float((bottom >= kth_best).double().mean())
+    if tail >= 1:
+        ranks = torch.stack([true_ranks(truth_clean[g]) for g in range(groups)])
+        result[f"mean_true_rank_top{tail}"] = float(_gather(ranks, order[:, :tail]).mean())
+        result[f"mean_true_rank_bottom{tail}"] = float(_gather(ranks, order[:, pool - tail:]).mean())
+    return result
+
+
+def proxy_order(proxy: torch.Tensor) -> torch.Tensor:
+    """Each group's seeds from best to worst by the proxy: the rank stage's order (select_extremes
+    keeps the head and the tail of it): stable, so ties stay in seed order, and NaN ranks worst."""
+    clean = torch.nan_to_num(proxy.double(), nan=-math.inf)
+    return torch.sort(clean, dim=1, descending=True, stable=True).indices
+
+
+def reference_ranks(pool: int, tail: int = TAIL) -> dict:
+    """Mean true ranks of a perfect and of a random proxy, for reading the measured ones."""
+    tail = min(tail, pool // 2)
+    return {"perfect": {f"mean_true_rank_top{tail}": (tail + 1) / 2, f"mean_true_rank_bottom{tail}": pool - (tail - 1) / 2},
+            "random": {f"mean_true_rank_top{tail}": (pool + 1) / 2, f"mean_true_rank_bottom{tail}": (pool + 1) / 2}}
+
+
+def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return torch.gather(values, 1, index)
+
+
+def _finite_mean(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The study
+
+
+@dataclasses.dataclass(frozen=True)
+class FidelityPlan:
+    prompts: int = 64
+    pool: int = 96
+    explore_steps: tuple[int, ...] = (6,)
+    backends: tuple[str, ...] = ("emulated-nvfp4", "fp8")
+
+
+def fidelity_seeds(run_seed: int, prompt_index: int, pool: int) -> list[int]:
+    from solrl_core.seeds import derive_seed
+
+    return [derive_seed(run_seed, "fidelity", prompt_index * pool + i) for i in range(pool)]
+
+
+def model_fingerprint(module: torch.nn.Module) -> str:
+    """A cheap digest of a model's weights (name, shape, sum and absolute sum of each tensor): a
+    retrained checkpoint gets a new one, so a study never reuses another model's truth."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=12)
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            values = tensor.detach().double()
+            digest.update(f"{name}|{tuple(tensor.shape)}|{float(values.sum()):.9e}|{float(values.abs().sum()):.9e}"
+                          .encode())
+    return digest.hexdigest()
+
+
+def run_fidelity(config: Config, plan: FidelityPlan, out: Path | None = None,
+                 log: Callable[[str], None] = print) -> dict:
+    """Score the same seeds at full precision and with each (backend, explore steps); returns the
+    report, also written to ``out`` after every pair, so a long study keeps its progress.
+
+    The report keeps the full-precision rewards of every seed. When ``out`` already holds a study
+    of the same model, prompts, seeds and truth, its truth and its results are reused: a second
+    call resumes an interrupted study or adds (backend, steps) pairs without sampling the truth again.
+    """
+    from solrl_core import stages
+    from solrl_core.ledger import write_json
+    from solrl_core.models.adapters import OLD
+    from solrl_core.prompts import evaluation_prompts
+    from solrl_core.quant.explorer import build_explorer
+
+    started = time.perf_counter()
+    # Held-out prompts (the evaluation split): the study never looks at what RL trains on.
+    config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, prompts=plan.prompts))
+    state = stages.initial_state(config)  # fresh adapters: "old" equals the base model
+    prompts = evaluation_prompts(config)
+    flat_prompts = [p for p in prompts for _ in range(plan.pool)]
+    seeds = [s for g in range(len(prompts)) for s in fidelity_seeds(config.seed, g, plan.pool)]
+    study = {"preset": config.preset, "model_path": config.model.path,
+             "model_fingerprint": model_fingerprint(state.policy.transformer), "prompts": len(prompts),
+             "pool": plan.pool, "full_precision_steps": config.regenerate.steps, "sampler": config.sampler.kind,
+             "shift": config.sampler.shift, "rewards": config.rewards, "seed": config.seed,
+             "dtype": str(state.policy.dtype).removeprefix("torch.")}
+    previous = _previous_study(out, study)
+    report = {
+        "config": {**study, "device": str(state.policy.device), "threads": torch.get_num_threads()},
+        "reference": {**reference_ranks(plan.pool), "paper": PAPER},
+        "results": list(previous["results"]) if previous else [],
+        "resolved_config": to_dict(config),
+    }
+
+    def sample_and_score(steps: int, explorer, label: str) -> tuple[torch.Tensor, float]:
+        begun = time.perf_counter()
+        chunk = config.explore.chunk if explorer is not None else config.regenerate.chunk
+        latents, _ = stages._sample_seeds(state, flat_prompts, seeds, steps, chunk, adapter=OLD, explorer=explorer,
+                                          label=label)
+        scores = stages._score(state, latents, flat_prompts, list(config.rewards))
+        return scores.combined.view(len(prompts), plan.pool), time.perf_counter() - begun
+
+    def save() -> None:
+        order = {backend: index for index, backend in enumerate(("emulated-nvfp4", "te-nvfp4", "fp8", "none"))}
+        report["results"].sort(key=lambda r: (order.get(r["backend"], len(order)), r["explore_steps"]))
+        pairs = [(r["backend"], r["explore_steps"]) for r in report["results"]]
+        report["config"]["backends"] = list(dict.fromkeys(backend for backend, _ in pairs))
+        report["config"]["explore_steps"] = sorted({steps for _, steps in pairs})
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        if out is not None:
+            write_json(out, report)
+
+    if previous:
+        truth = torch.tensor(previous["full_precision"]["rewards"], dtype=torch.float32)
+        report["full_precision"] = previous["full_precision"]
+        log(f"fidelity: reusing the full-precision rewards and {len(report['results'])} results in {out}")
+    else:
+        truth, truth_seconds = sample_and_score(config.regenerate.steps, None, "full precision")
+        report["full_precision"] = {"steps": config.regenerate.steps, "reward_mean": float(truth.mean()),
+                                    "seconds": round(truth_seconds, 1), "seeds": torch.tensor(seeds).view(
+                                        len(prompts), plan.pool).tolist(), "rewards": truth.tolist()}
+        log(f"fidelity: full precision, {config.regenerate.steps} steps, {truth.numel()} samples in "
+            f"{truth_seconds:.0f}s; mean reward {float(truth.mean()):.4f}")
+        save()
+    done = {(r["backend"], r["explore_steps"]) for r in report["results"]}
+    for backend in plan.backends:
+        todo = [steps for steps in plan.explore_steps if (backend, steps) not in done]
+        if not todo:
+            continue
+        explorer = build_explorer(state.policy.transformer, backend, config.quant.skip, config.quant.min_dim)
+        explorer.requantize(state.policy.transformer, adapter=OLD)
+        active = explorer if backend != "none" else None
+        for steps in todo:
+            if active is None and steps == config.regenerate.steps:
+                proxy, seconds = truth, 0.0  # the full-precision policy at T_train steps is the truth itself
+            else:
+                proxy, seconds = sample_and_score(steps, active, f"{backend} {steps} steps")
+            metrics = ranking_metrics(proxy, truth)
+            report["results"].append({"backend": backend, "explore_steps": steps, **metrics,
+                                      "explore_reward_mean": float(proxy.mean()), "seconds": round(seconds, 1)})
+            log(f"fidelity: {backend:15s} {steps:2d} steps  " + format_result(metrics))
+            save()
+    save()
+    return report
+
+
+def _previous_study(out: Path | None, study: dict) -> dict | None:
+    """The report already in ``out`` when it is the same study (same model, prompts, seeds, truth)."""
+    if out is None or not out.is_file():
+        return None
+    try:
+        previous = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    same = {key: previous.get("config", {}).get(key) for key in study} == study
+    return previous if same and "rewards" in previous.get("full_precision", {}) else None
+
+
+def format_result(metrics: dict) -> str:
+    precision = metrics["top_k_precision"]
+    ranks = [key for key in metrics if key.startswith("mean_true_rank_")]
+    return (f"rho {_fmt(metrics['spearman'])}  tau {_fmt(metrics['kendall'])}  "
+            + " ".join(f"P@{k} {v:.3f}" for k, v in precision.items())
+            + "  " + " ".join(f"{key.removeprefix('mean_true_rank_')} {metrics[key]:.1f}" for key in ranks))
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def plot_fidelity(report: dict, path: Path) -> None:
+    """Spearman and top-12 precision against explore steps, one line per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    backends = list(dict.fromkeys(r["backend"] for r in report["results"]))
+    largest_k = max((int(k) for r in report["results"] for k in r["top_k_precision"]), default=None)
+    for backend in backends:
+        rows = sorted((r for r in report["results"] if r["backend"] == backend), key=lambda r: r["explore_steps"])
+        steps = [r["explore_steps"] for r in rows]
+        axes[0].plot(steps, [r["spearman"] for r in rows], marker="o", label=backend)
+        if largest_k is not None:
+            axes[1].plot(steps, [r["top_k_precision"].get(str(largest_k)) for r in rows], marker="o", label=backend)
+    full_steps = report["config"]["full_precision_steps"]
+    axes[0].set(xlabel="explore steps", ylabel="Spearman rho (mean over prompts)",
+                title=f"explorer vs full precision ({full_steps} steps)")
+    axes[1].set(xlabel="explore steps", ylabel=f"top-{largest_k} precision", title="best seeds kept correctly")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,265 @@
+"""MLflow tracking of a run, as an observer of the training loop (no MLflow in the loop itself).
+
+One experiment per preset, one MLflow run per training run (per Prefect flow run). Params are the
+resolved config; tags are the code's git commit and the DVC (md5) hashes of the seed ledger and
+the checkpoints; metrics are logged per iteration at ``step = iteration + 1`` (the base model's
+evaluation at step 0), together with the cumulative GPU-hours of that step, so that the MLflow UI
+can plot any reward with a GPU-hours metric as its x-axis. Each evaluation logs a sample grid
+(fixed prompts and seeds) as a stepped image; the end of the run logs the reward-vs-GPU-hours
+figure, the summary and the metrics file.
+
+Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlruns`` (no server needed);
+``MLFLOW_TRACKING_URI`` or an explicit URI overrides it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from solrl_core.config import Config, to_dict
+from solrl_core.training import RunObserver
+
+STORE_FILE, ARTIFACT_DIR = "mlflow.db", "mlruns"
+# Cumulative metrics that can serve as the x-axis of a reward chart in the MLflow UI, best first:
+# measured GPU-hours (CUDA runs only), modeled GPU-hours (SPEC section 9; both written by the
+# accounting into metrics.jsonl), then the measured wall-clock hours of the training stages.
+GPU_HOUR_AXES = ("gpu_hours_cumulative", "modeled_gpu_hours_cumulative", "wall_clock_hours_cumulative")
+FIGURE = "plots/reward_vs_gpu_hours.png"
+
+
+def default_tracking_uri(root: Path | None = None) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(root or Path.cwd()).resolve() / STORE_FILE}"
+
+
+def ui_command(tracking_uri: str) -> str:
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri}"
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def experiment_name(config: Config) -> str:
+    return config.preset
+
+
+class MlflowObserver(RunObserver):
+    """Logs one run to MLflow; ``run_id`` and ``ui`` are set once the run has started."""
+
+    def __init__(self, tracking_uri: str | None = None, run_name: str | None = None,
+                 tags: dict[str, str] | None = None, log: Callable[[str], None] = print):
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client = None  # connected in on_start: a run that fails to load its model writes no store
+        self.run_name, self.extra_tags, self.log = run_name, tags or {}, log
+        self.run_id: str | None = None
+        self.ui = ui_command(self.tracking_uri)
+        self._wall_clock_hours = 0.0
+        self._seen_axes: list[str] = []
+        self._curve: list[dict] = []  # one point per step: GPU-hours and rewards, for the figure
+
+    # -- RunObserver hooks -------------------------------------------------------------------
+
+    def on_start(self, config: Config, out_dir: Path) -> None:
+        from mlflow.entities import Param, RunTag
+
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.config, self.out_dir = config, out_dir
+        experiment_id = self._experiment(experiment_name(config))
+        tags = {"solrl.preset": config.preset, "solrl.family": config.family, "solrl.out_dir": str(out_dir),
+                **code_version_tags(), **self.extra_tags}
+        run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
+        self.run_id = run.info.run_id
+        params = [Param(key, value) for key, value in flatten_params(to_dict(config)).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        self.client.log_batch(self.run_id, tags=[RunTag("mlflow.note.content", _note(config))])
+
+    def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None:
+        step = iteration + 1
+        self._log_metrics({f"eval/{name}": value for name, value in rewards.items()}, step)
+        if step == 0:  # the base model: every curve starts at zero hours
+            self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
+                                **{f"eval/{k}": v for k, v in rewards.items()}})
+        self.client.log_image(self.run_id, sample_grid(images, self.config), key="eval_samples", step=step)
+
+    def on_iteration(self, metrics: dict) -> None:
+        step = metrics["iteration"] + 1
+        self._wall_clock_hours += metrics.get("seconds", {}).get("total", 0.0) / 3600
+        # Evaluation rewards were logged by on_evaluation at this step; they join the figure's curve here.
+        values = {**flatten_metrics({k: v for k, v in metrics.items() if k != "eval"}),
+                  "wall_clock_hours_cumulative": self._wall_clock_hours}
+        axes = [axis for axis in GPU_HOUR_AXES if axis in values]
+        if not self._seen_axes:  # the x-axis metrics also need the base evaluation's point, 0 at step 0
+            self._seen_axes = axes
+            self._log_metrics({axis: 0.0 for axis in axes}, 0)
+        self._log_metrics(values, step)
+        self._curve.append({"step": step, **values, **{f"eval/{k}": v for k, v in metrics.get("eval", {}).items()}})
+
+    def on_end(self, summary: dict) -> None:
+        from mlflow.entities import RunTag
+
+        outputs = {name: Path(path) for name, path in summary.get("outputs", {}).items()}
+        tags = dvc_hash_tags({**outputs, "base_checkpoint": base_checkpoint(self.config)})
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_figure(self.run_id, reward_figure(self._curve, self.x_axis), FIGURE)
+        for name in ("summary.json", "metrics.jsonl"):
+            if (self.out_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(self.out_dir / name), artifact_path="run")
+        self.finish("FINISHED")
+        self.log(f"MLflow run {self.run_id} (experiment '{experiment_name(self.config)}'); x-axis for "
+                 f"reward vs GPU-hours: {self.x_axis}; browse: {self.ui}")
+
+    def finish(self, status: str) -> None:
+        """Close the run ("FINISHED", "FAILED", "KILLED"); the flow calls it when the run fails."""
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def x_axis(self) -> str:
+        """The best hours metric this run has (measured GPU > modeled GPU > wall clock)."""
+        return (self._seen_axes or ["wall_clock_hours_cumulative"])[0]
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.tracking_uri.startswith("sqlite:///"):
+            # Artifacts beside the SQLite store, so the project folder holds the whole record.
+            store = Path(self.tracking_uri.removeprefix("sqlite:///"))
+            location = (store.parent / ARTIFACT_DIR).resolve().as_uri()
+        return self.client.create_experiment(name, artifact_location=location)
+
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(value), now, step) for key, value in values.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+
+def flatten_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """Scalar metrics with nested dicts as ``a/b``; lists and non-numbers are left to metrics.jsonl."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if key == "iteration":
+            continue  # the step itself
+        if isinstance(value, dict):
+            flat.update(flatten_metrics(value, f"{name}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+def flatten_params(mapping: dict, prefix: str = "") -> dict[str, str]:
+    """The resolved config as dotted keys (``train.lora.rank``, ``rewards.shapes-compliance``)."""
+    flat: dict[str, str] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten_params(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value)[:6000]  # MLflow's limit for a param value
+    return flat
+
+
+def _note(config: Config) -> str:
+    return (f"Sol-RL `{config.family}` on `{config.preset}`: pool {config.pool}, keep {config.keep}, "
+            f"explore {config.explore.backend} x {config.explore.steps} steps, regenerate {config.regenerate.steps} steps. "
+            "Plot any reward against GPU-hours: in a chart's settings choose the metric "
+            "`modeled_gpu_hours_cumulative` (or `gpu_hours_cumulative` on a GPU) as its x-axis.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Versions: git commit of the code, DVC hashes of outputs
+
+
+def code_version_tags() -> dict[str, str]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"mlflow.source.git.commit": commit, "git.commit": commit, "git.dirty": str(bool(dirty)).lower()}
+
+
+def file_md5(path: Path) -> str:
+    """The hash DVC 3 records for a file output (md5 of its bytes), so a tag matches dvc.lock."""
+    digest = hashlib.md5()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dvc_hash_tags(paths: dict[str, Path | None]) -> dict[str, str]:
+    return {f"dvc.md5.{name}": file_md5(path) for name, path in paths.items() if path is not None and path.is_file()}
+
+
+def base_checkpoint(config: Config) -> Path | None:
+    if config.model.loader == "shapes-tiny":
+        from solrl_core.models.shapes_tiny import CHECKPOINT
+
+        return Path(config.model.path) if config.model.path else CHECKPOINT
+    return Path(config.model.path) if config.model.path else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Pictures
+
+
+def sample_grid(images: torch.Tensor, config: Config, max_width: int = 1600):
+    """The evaluation images as one uint8 HxWx3 array, laid out as ``samples_*.png``, enlarged
+    (nearest neighbour) so small images stay visible in the UI."""
+    from torchvision.utils import make_grid
+
+    columns = min(images.shape[0], config.eval.seeds_per_prompt * 8)
+    grid = make_grid(images.float().clamp(0, 1), nrow=columns, padding=1, pad_value=1.0)
+    scale = max(1, min(8, max_width // grid.shape[-1]))
+    if scale > 1:
+        grid = torch.nn.functional.interpolate(grid[None], scale_factor=scale, mode="nearest")[0]
+    return (grid.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+
+
+def reward_figure(curve: list[dict], x_axis: str):
+    """Evaluation rewards (solid, markers) and training rewards (dashed) against GPU-hours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+    names = sorted({key for point in curve for key in point if key.startswith("eval/")})
+    for name in names:
+        points = [(p[x_axis], p[name]) for p in curve if name in p and x_axis in p]
+        axes.plot(*zip(*points), marker="o", label=name.removeprefix("eval/") + " (eval)")
+    for name in ("explore_reward_mean", "kept_reward_mean"):
+        points = [(p[x_axis], p[name]) for p in curve if name in p and x_axis in p]
+        if points:
+            axes.plot(*zip(*points), linestyle="--", alpha=0.7, label=name.replace("_", " "))
+    label = {"gpu_hours_cumulative": "GPU-hours (measured)",
+             "modeled_gpu_hours_cumulative": "GPU-hours (modeled from FLOPs, SPEC section 9)",
+             "wall_clock_hours_cumulative": "wall-clock hours of the training stages (measured)"}[x_axis]
+    axes.set_xlabel(label)
+    axes.set_ylabel("reward")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,40 @@
+"""The stage runner the Prefect flow hands to ``solrl_core.training.run_training``: each stage the
+loop calls runs as its Prefect task, and leaves one log line (stage, seconds)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from prefect.utilities.annotations import opaque
+
+from tasks.stages import STAGE_TASKS
+
+
+class PrefectStageRunner:
+    """``runner(stage, function, *args)`` -> the stage's task, called in this process.
+
+    Arguments are wrapped in ``opaque`` so Prefect resolves them without walking into the run
+    state (models, tensors) looking for upstream futures.
+    """
+
+    def __init__(self, log: Callable[[str], None] = print):
+        self.log = log
+
+    def __call__(self, stage: str, function: Callable, *args, **kwargs):
+        task = STAGE_TASKS.get(stage)
+        if task is None:  # a step the loop added that has no task of its own yet
+            return function(*args, **kwargs)
+        if task.fn is not function:
+            raise TypeError(f"stage '{stage}' calls {function.__qualname__}, but its task wraps {task.fn.__qualname__}")
+        started = time.perf_counter()
+        result = task(*(opaque(a) for a in args), **{k: opaque(v) for k, v in kwargs.items()})
+        self.log(f"{stage:<10} {time.perf_counter() - started:7.2f} s")
+        return result
+
+
+def quiet_task_logs() -> None:
+    """Prefect logs 'Finished in state Completed()' for every task run; the runner already says
+    one line per stage, so only task warnings and failures get through."""
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)

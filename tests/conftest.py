@@ -1,0 +1,18 @@
+"""Session defaults for the tests: runs the tests start log to a throwaway MLflow store (never the
+project's mlflow.db), and nothing phones home. Set before any test imports Prefect or MLflow."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+from solrl_core.cli import QUIET_ENVIRONMENT
+
+for _key, _value in QUIET_ENVIRONMENT.items():
+    os.environ.setdefault(_key, _value)
+
+_STORE = tempfile.mkdtemp(prefix="solrl-test-mlflow-")
+atexit.register(shutil.rmtree, _STORE, ignore_errors=True)
+os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORE}/mlflow.db")

@@ -1,0 +1,101 @@
+"""MLflow tracking of a short run, read back through a real `mlflow server` over HTTP on 127.0.0.1:
+one experiment per preset, params from the resolved config, git and DVC-hash tags, per-step
+rewards logged at the same steps as the cumulative GPU-hours (the UI's x-axis), the
+reward-vs-GPU-hours figure, and a sample grid per evaluation."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from solrl_core.presets import resolve_config
+from solrl_core.tracking import MlflowObserver, file_md5
+from solrl_core.training import run_training
+from tests._services import BIN, environment, free_port, service, wait_for_http
+
+pytestmark = pytest.mark.slow
+
+SHORT = [("prompts_per_iteration", 2), ("pool", 8), ("keep", 4), ("eval.prompts", 2), ("eval.steps", 4),
+         ("eval.every", 1), ("explore.steps", 3), ("regenerate.steps", 4), ("train.micro_batch", 64),
+         ("iterations", 2), ("progress", False),
+         ("explore.backend", "none")]  # tracking, not quantization, is under test here
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tracking")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    observer = MlflowObserver(uri, run_name="short", tags={"test": "yes"}, log=lambda line: None)
+    summary = run_training(resolve_config("shapes-tiny", "sol_rl", SHORT), root / "run", log=lambda line: None,
+                           observers=[observer])
+    return root, observer, summary
+
+
+@pytest.fixture(scope="module")
+def server(logged_run):
+    root, _, _ = logged_run
+    port = free_port()
+    with service([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                 root / "mlflow-server.log", environment(), root) as process:
+        wait_for_http(f"http://127.0.0.1:{port}/health", 180, process, root / "mlflow-server.log")
+        yield f"http://127.0.0.1:{port}"
+
+
+def get(server: str, route: str, **query) -> bytes:
+    with urllib.request.urlopen(f"{server}{route}?{urllib.parse.urlencode(query)}", timeout=30) as response:
+        assert response.status == 200
+        return response.read()
+
+
+def get_json(server: str, route: str, **query) -> dict:
+    return json.loads(get(server, route, **query))
+
+
+def test_run_is_in_the_preset_experiment_with_config_params_and_version_tags(logged_run, server):
+    root, observer, summary = logged_run
+    experiment = get_json(server, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="shapes-tiny")
+    run = get_json(server, "/api/2.0/mlflow/runs/get", run_id=observer.run_id)["run"]
+    assert run["info"]["experiment_id"] == experiment["experiment"]["experiment_id"]
+    assert run["info"]["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["pool"] == "8" and params["explore.steps"] == "3" and params["family"] == "sol_rl"
+    assert params["train.lora.rank"] == str(summary["config"]["train"]["lora"]["rank"])
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert len(tags["mlflow.source.git.commit"]) == 40
+    # The tags carry the hashes DVC records for these files (md5 of the bytes).
+    assert tags["dvc.md5.ledger.parquet"] == file_md5(root / "run" / "ledger.parquet")
+    assert tags["dvc.md5.lora.safetensors"] == file_md5(root / "run" / "lora.safetensors")
+    assert len(tags["dvc.md5.base_checkpoint"]) == 32
+
+
+def test_rewards_and_gpu_hours_share_steps_so_the_ui_can_plot_one_against_the_other(logged_run, server):
+    _, observer, summary = logged_run
+
+    def history(key):
+        points = get_json(server, "/api/2.0/mlflow/metrics/get-history", run_id=observer.run_id, metric_key=key)
+        return {p["step"]: p["value"] for p in points["metrics"]}
+
+    hours = history("modeled_gpu_hours_cumulative")
+    evaluation = history("eval/shapes-compliance")
+    assert sorted(hours) == sorted(evaluation) == [0, 1, 2]  # base model, then each iteration
+    assert hours[0] == 0.0 < hours[1] < hours[2]
+    assert evaluation[2] == pytest.approx(summary["eval_reward_final"]["shapes-compliance"])
+    assert sorted(history("explore_reward_mean")) == [1, 2]
+    assert sorted(history("seconds/explore")) == [1, 2]
+    assert observer.x_axis == "modeled_gpu_hours_cumulative"
+
+
+def test_figure_and_evaluation_grids_are_served(logged_run, server):
+    _, observer, _ = logged_run
+    figure = get(server, "/get-artifact", path="plots/reward_vs_gpu_hours.png", run_uuid=observer.run_id)
+    assert figure.startswith(b"\x89PNG")
+    images = get_json(server, "/api/2.0/mlflow/artifacts/list", run_id=observer.run_id, path="images")
+    grids = [f["path"] for f in images["files"] if f["path"].endswith(".png") and "eval_samples" in f["path"]]
+    assert len(grids) == 3  # steps 0, 1, 2
+    assert get(server, "/get-artifact", path=grids[0], run_uuid=observer.run_id).startswith(b"\x89PNG")
+    summary = json.loads(get(server, "/get-artifact", path="run/summary.json", run_uuid=observer.run_id))
+    assert summary["config"]["pool"] == 8
