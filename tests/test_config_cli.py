@@ -14,7 +14,7 @@ import solrl_core.quant.explorer  # noqa: F401
 import solrl_core.rewards.registry  # noqa: F401
 from solrl_core.cli import main
 from solrl_core.config import Config, ConfigError, config_keys, from_dict
-from solrl_core.presets import resolve_config
+from solrl_core.presets import PRESETS, resolve_config
 
 
 @pytest.fixture
@@ -202,7 +202,8 @@ def test_override_order_defaults_then_preset_then_family_then_overrides():
     preset_only = resolve_config("shapes-tiny", "sol_rl")
     # The preset overrides a default (shapes-tiny trains with a larger learning rate).
     assert defaults.train.lr == pytest.approx(3e-4)
-    assert preset_only.train.lr == pytest.approx(1e-3)
+    assert preset_only.train.lr == pytest.approx(PRESETS["shapes-tiny"]["settings"]["train"]["lr"])
+    assert preset_only.train.lr != pytest.approx(defaults.train.lr)
     # The family overrides the preset.
     baseline = resolve_config("shapes-tiny", "diffusionnft")
     assert (baseline.pool, baseline.keep) == (24, 24)

@@ -121,7 +121,7 @@ def read_checkpoint(path: Path) -> tuple[TinyArchitecture, FluxTransformer2DMode
     if not path.is_file():
         raise ModelFilesMissing(
             f"shapes-tiny checkpoint not found at {path}; it ships with the repository "
-            "(restore it with `git checkout -- {path}`) or rebuild it with `solrl pretrain`"
+            f"(restore it with `git checkout -- {path}`) or rebuild it with `solrl pretrain`"
         )
     from safetensors import safe_open
 
