@@ -209,6 +209,7 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
             "base_rewards": result["summary"]["eval_reward_base"], "curve": points,
             "run_dir": f"runs/{name}", "reused_finished_run": result["reused"],
             "overrides": {key: value for key, value in _diff(to_dict(first), to_dict(config)).items()},
+            "config": to_dict(config),
         }
     if BASELINE in curves:
         baseline = as_curve(curves[BASELINE])
