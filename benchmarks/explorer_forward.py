@@ -37,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="reports/benchmarks/explorer_forward.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 on a shared machine, where spinning threads "
+                             "of several processes make every op wait")
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     config = resolve_config(args.preset, "sol_rl", [parse_override(o) for o in args.overrides] + [("progress", False)])
     state = stages.initial_state(config)

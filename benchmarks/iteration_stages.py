@@ -35,8 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="shapes-tiny")
     parser.add_argument("--repeats", type=int, default=1, help="iterations per family, alternating")
     parser.add_argument("--out", default="reports/benchmarks/iteration_stages.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 on a shared machine, where spinning threads "
+                             "of several processes make every op wait")
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     overrides = [parse_override(o) for o in args.overrides] + [("progress", False)]
     states = {}

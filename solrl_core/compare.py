@@ -222,8 +222,29 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
     if "naive_quant" in results and CANDIDATE in results:
         report["naive_quant_below_sol_rl"] = (report["families"]["naive_quant"]["final_reward"]
                                               < report["families"][CANDIDATE]["final_reward"])
+    report["final_reward_spread"] = final_reward_spread(results, first)
     report["paper"] = {"speedup_to_equal_reward": PAPER_SPEEDUP_TO_EQUAL_REWARD}
     return report
+
+
+def final_reward_spread(results: dict, config: Config) -> dict:
+    """The final evaluation's trained reward per image: each variant's mean and standard error, and
+    paired differences (same prompts and seeds) between the families, to read gaps against noise."""
+    from solrl_core.prompts import evaluation_prompts
+    from solrl_core.rewards.registry import RewardSet
+
+    prompts = [p for p in evaluation_prompts(config) for _ in range(config.eval.seeds_per_prompt)]
+    scorer = RewardSet(config.rewards, paths=config.reward_paths)
+    per_image = {name: scorer.score(result["images"]["final"], prompts).combined.double()
+                 for name, result in results.items()}
+    pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE)]
+    return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
+            "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b])
+                                   for a, b in pairs if a in per_image and b in per_image}}
+
+
+def _mean_se(values: torch.Tensor) -> dict:
+    return {"mean": float(values.mean()), "se": float(values.std() / math.sqrt(values.numel()))}
 
 
 def _diff(reference: dict, other: dict, prefix: str = "") -> dict:
@@ -356,6 +377,13 @@ def markdown_table(report: dict) -> str:
     base = next(iter(families.values()))["base_rewards"]
     lines.append("")
     lines.append("Base model: " + ", ".join(f"{name} {value:.4f}" for name, value in base.items()) + ".")
+    spread = report.get("final_reward_spread")
+    if spread and spread["paired_differences"]:
+        lines.append("")
+        lines.append(f"Final {report['metric']} differences, paired over the same {spread['images']} evaluation "
+                     "prompts and seeds (mean ± standard error): " + ", ".join(
+                         f"{pair} {entry['mean']:+.4f} ± {entry['se']:.4f}"
+                         for pair, entry in spread["paired_differences"].items()) + ".")
     if report.get("speedup_at_fraction_of_gain"):
         lines.append("")
         lines.append(f"Speed-up of {CANDIDATE} to equal reward at a share of {BASELINE}'s gain: " + ", ".join(

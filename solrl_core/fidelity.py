@@ -264,6 +264,12 @@ def plot_fidelity(report: dict, path: Path) -> None:
         axes[0].plot(steps, [r["spearman"] for r in rows], marker="o", label=backend)
         if largest_k is not None:
             axes[1].plot(steps, [r["top_k_precision"].get(str(largest_k)) for r in rows], marker="o", label=backend)
+    paper = PAPER["emulated-nvfp4"]
+    axes[0].plot([6], [paper["spearman"]], marker="*", markersize=11, linestyle="", color="black",
+                 label="paper NVFP4 (256 x 96)")
+    if largest_k is not None and str(largest_k) in paper["top_k_precision"]:
+        axes[1].plot([6], [paper["top_k_precision"][str(largest_k)]], marker="*", markersize=11, linestyle="",
+                     color="black", label="paper NVFP4 (256 x 96)")
     full_steps = report["config"]["full_precision_steps"]
     axes[0].set(xlabel="explore steps", ylabel="Spearman rho (mean over prompts)",
                 title=f"explorer vs full precision ({full_steps} steps)")

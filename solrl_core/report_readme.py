@@ -98,6 +98,15 @@ def _compare_section(report_dir: Path) -> str | None:
                  f"reward / GPU-hours sol_rl needs to reach it): **{_num(speedup, '.2f', 'not reached')}"
                  f"{'x' if speedup is not None else ''}** on the embedded world; "
                  f"paper: {paper}.")
+    sol = report["families"].get("sol_rl")
+    if sol:
+        stages = sol["modeled_gpu_hours_per_stage"]
+        rollout = stages["explore"] + stages["rank"] + stages["regenerate"]
+        lines.append(f"\nWhere a sol_rl iteration's modeled GPU-hours go: rollout (explore + regenerate) "
+                     f"{rollout / sol['modeled_gpu_hours_per_iteration']:.0%}, update "
+                     f"{stages['update'] / sol['modeled_gpu_hours_per_iteration']:.0%} (the paper's SD3.5-L: "
+                     f"125 + 62 s rollout, 240 s update, 56% update). The cheaper the rollout relative to the "
+                     f"update, the less a cheap explorer can buy.")
     if "naive_quant_below_sol_rl" in report:
         families = report["families"]
         verdict = "below" if report["naive_quant_below_sol_rl"] else "not below"
@@ -150,7 +159,8 @@ def _benchmark_section(report_dir: Path) -> str | None:
         families = stages["families"]
         names = list(families)
         stage_names = list(next(iter(families.values()))["seconds"])
-        lines.append(f"\nOne iteration per family, side by side in one process ({stages['setup']}):\n")
+        lines.append(f"\nOne iteration per family, side by side in one process ({stages['setup']}; "
+                     f"{stages['threads']} thread(s) on {stages['device']}):\n")
         lines.append("| stage | " + " | ".join(f"{n} CPU s | {n} modeled GPU-h" for n in names) + " |")
         lines.append("|---|" + "---|---|" * len(names))
         for stage in stage_names:
