@@ -11,7 +11,10 @@ import math
 import shlex
 from pathlib import Path
 
-from solrl_core.config import ConfigError, parse_override
+from solrl_core.config import MAX_COUNT, ConfigError, parse_override
+
+# The reports `--readme-only` builds the page from; with none of them there is nothing to show.
+REPORTS = ("compare.json", "fidelity.json", "ablation-*/compare.json", "benchmarks/*.json")
 
 
 def add_study_commands(commands) -> None:
@@ -51,18 +54,45 @@ def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ConfigError(f"{flag} '{text}': expected comma-separated integers, e.g. 2,4,6,8") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{flag} '{text}': give step counts >= 1, e.g. 2,4,6,8")
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 2,4,6,8") from None
+    if not values or min(values) < 1 or max(values) > MAX_COUNT:
+        raise ConfigError(f"{flag} {text!r}: give step counts from 1 to {MAX_COUNT}, e.g. 2,4,6,8")
     return values
 
 
 def _name_list(text: str, flag: str, allowed) -> list[str]:
     values = [part.strip() for part in text.split(",") if part.strip()]
+    if not values:
+        raise ConfigError(f"{flag} {text!r}: give at least one of: {', '.join(allowed)}")
     unknown = [value for value in values if value not in allowed]
-    if not values or unknown:
-        raise ConfigError(f"{flag}: unknown '{', '.join(unknown) or text}'; allowed: {', '.join(allowed)}")
+    if unknown:
+        raise ConfigError(f"{flag}: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
     return list(dict.fromkeys(values))
+
+
+def _count(value: int, flag: str, least: int, why: str = "") -> int:
+    if not least <= value <= MAX_COUNT:
+        raise ConfigError(f"{flag} ({value}) must be from {least} to {MAX_COUNT}{why}")
+    return value
+
+
+def _output_path(text: str, flag: str, directory: bool) -> Path:
+    """``--out`` resolved and checked before any work: a path that cannot name a place (``~nosuchuser``,
+    too long), a file where a directory goes (or the reverse), or a file on the way is one line."""
+    kind = "directory" if directory else "JSON file"
+    try:
+        out = Path(text).expanduser().resolve()
+        exists, is_dir = out.exists(), out.is_dir()
+        blocker = next(parent for parent in out.parents if parent.exists())
+        blocked = not blocker.is_dir()
+    except (OSError, RuntimeError, ValueError) as error:  # ~nosuchuser, ENAMETOOLONG, an embedded NUL
+        raise ConfigError(f"{flag} {text!r} is not a usable path ({error}); give a {kind} path") from None
+    if exists and is_dir != directory:
+        raise ConfigError(f"{flag} {out} is a {'file, not a directory' if directory else 'directory'}; "
+                          f"give a {kind} path")
+    if blocked:
+        raise ConfigError(f"{flag} {out}: {blocker} is a file, so nothing can be written under it")
+    return out
 
 
 def _resolve(preset: str, family: str, overrides: list[tuple]):
@@ -96,13 +126,9 @@ def command_fidelity(args: argparse.Namespace) -> int:
 
     steps = _int_list(args.explore_steps, "--explore-steps")
     backends = _name_list(args.backend, "--backend", BACKENDS)
-    if args.prompts < 1:
-        raise ConfigError(f"--prompts ({args.prompts}) must be >= 1")
-    if args.pool < 2:
-        raise ConfigError(f"--pool ({args.pool}) must be >= 2: a ranking needs two seeds")
-    out = Path(args.out).expanduser().resolve()
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a directory; give a JSON file path")
+    _count(args.prompts, "--prompts", 1)
+    _count(args.pool, "--pool", 2, ": a ranking needs two seeds")
+    out = _output_path(args.out, "--out", directory=False)
     overrides = [parse_override(text) for text in args.overrides]
     config = _resolve(args.preset, "sol_rl", overrides)
     _check_backends_available(backends)
@@ -126,19 +152,18 @@ def command_compare(args: argparse.Namespace) -> int:
     from solrl_core.presets import FAMILIES
     from solrl_core.report_readme import write_readme
 
-    out = Path(args.out).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory")
+    out = _output_path(args.out, "--out", directory=True)
     if args.readme_only:
         if not out.is_dir():
             raise ConfigError(f"--out {out} does not exist; run the comparison first")
+        if not any(any(out.glob(pattern)) for pattern in REPORTS):
+            raise ConfigError(f"--out {out} holds none of {', '.join(REPORTS)}; run the comparison first")
         print(f"wrote {write_readme(out)}")
         return 0
     budget = args.budget_gpu_hours
     if budget is None or not math.isfinite(budget) or budget <= 0:
         raise ConfigError(f"--budget-gpu-hours ({budget}) must be a positive number, e.g. 2e-5")
-    if args.evaluations < 1:
-        raise ConfigError(f"--evaluations ({args.evaluations}) must be >= 1")
+    _count(args.evaluations, "--evaluations", 1)
     overrides = [parse_override(text) for text in args.overrides]
     if args.device is not None:
         overrides.append(("accounting.device", args.device))

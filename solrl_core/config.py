@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,10 +22,27 @@ import yaml
 FAMILIES = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")
 SAMPLERS = ("euler", "dpm2")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# model.device: "auto" or a torch device of one of these types ("cpu", "cuda", "cuda:1", ...);
+# "meta", "lazy" and the like parse but hold no data to sample with.
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+# Every integer size, count and step number must fit a 32-bit int: larger ones are not runnable
+# (torch sizes, seed tensors, sampler grids) and would fail far into a run, not here.
+MAX_COUNT = 2**31 - 1
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x85``), so
+    that a message quoting user input (a key, a value, a path) stays one line on a terminal."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 class ConfigError(ValueError):
     """A configuration the run cannot start with; the message is one actionable line."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(str(message)))
 
 
 @dataclass
@@ -171,14 +190,19 @@ def config_keys(obj: Any = None, prefix: str = "") -> list[str]:
 
 
 def _field_type(owner: Any, name: str) -> Any:
-    hints = typing.get_type_hints(type(owner))
-    return hints[name]
+    return _type_hints(type(owner))[name]
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # Resolving the string annotations is most of the cost of setting a key: once per class.
+    return typing.get_type_hints(cls)
 
 
 def _coerce(key: str, raw: Any, expected: Any) -> Any:
     """Convert a parsed YAML value to the field's declared type, or raise a one-line error."""
     origin = typing.get_origin(expected)
-    bad = ConfigError(f"{key}: expected {_type_name(expected)}, got {raw!r}")
+    bad = ConfigError(f"{key}: expected {_type_name(expected)}, got {_shown(raw)}")
     if expected is bool:
         if isinstance(raw, bool):
             return raw
@@ -196,10 +220,15 @@ def _coerce(key: str, raw: Any, expected: Any) -> Any:
                 raise bad from None
         if isinstance(raw, bool) or not isinstance(raw, (int, float)):
             raise bad
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # an integer beyond any float (1e309 written out in digits)
+            raise ConfigError(f"{key}: {_shown(raw)} is too large; give a finite number") from None
     if expected is str:
         if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
             return str(raw)
+        if not isinstance(raw, (list, dict, set, bytes)):  # true, null, a date: YAML read another type
+            raise ConfigError(f"{key}: expected a string, got {_shown(raw)}; quote it in YAML to keep it text")
         raise bad
     if origin is list:
         (item_type,) = typing.get_args(expected)
@@ -216,6 +245,21 @@ def _coerce(key: str, raw: Any, expected: Any) -> Any:
     raise bad  # pragma: no cover - every declared type is handled above
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value as a message quotes it: a repr bounded in depth and length (a YAML value built from
+    aliases can nest a billion references, whose full repr would never finish)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        # Python refuses to print an integer of more than 4300 digits; none of this size is useful.
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    shortener = reprlib.Repr()
+    shortener.maxlevel = 2
+    shortener.maxlist = shortener.maxtuple = shortener.maxset = shortener.maxdict = 4
+    shortener.maxstring = shortener.maxother = limit
+    shortener.maxlong = limit // 2
+    text = shortener.repr(value)
+    return text if len(text) <= 2 * limit else f"{text[:2 * limit - 3]}..."
+
+
 def _type_name(expected: Any) -> str:
     if isinstance(expected, type):
         return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false"}.get(
@@ -226,17 +270,29 @@ def _type_name(expected: Any) -> str:
     return str(expected)
 
 
+def _field_names(owner: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(owner)}
+
+
 def set_key(config: Config, key: str, raw: Any) -> None:
     """Set a dotted key, checking that it exists and that the value has the declared type."""
     parts = key.split(".")
     owner: Any = config
-    for part in parts[:-1]:
-        child = getattr(owner, part, None) if dataclasses.is_dataclass(owner) else None
-        if child is None or not dataclasses.is_dataclass(child):
+    for depth, part in enumerate(parts[:-1]):
+        # Declared fields only: getattr would also walk into attributes such as __class__.
+        if part not in _field_names(owner):
+            raise _unknown_key(key)
+        child = getattr(owner, part)
+        if isinstance(child, dict):
+            mapping = ".".join(parts[: depth + 1])
+            rest = ".".join(parts[depth + 1:])
+            raise ConfigError(f"{key}: {mapping} is a mapping and is set whole, "
+                              f"e.g. -S '{mapping}={{{rest}: VALUE}}'")
+        if not dataclasses.is_dataclass(child):
             raise _unknown_key(key)
         owner = child
     leaf = parts[-1]
-    if not dataclasses.is_dataclass(owner) or leaf not in {f.name for f in dataclasses.fields(owner)}:
+    if leaf not in _field_names(owner):
         raise _unknown_key(key)
     if dataclasses.is_dataclass(getattr(owner, leaf)):
         if not isinstance(raw, dict):
@@ -245,6 +301,19 @@ def set_key(config: Config, key: str, raw: Any) -> None:
             set_key(config, f"{key}.{sub_key}", sub_value)
         return
     setattr(owner, leaf, _coerce(key, raw, _field_type(owner, leaf)))
+
+
+def declared_type(key: str) -> Any:
+    """The declared type of a settable dotted key (``int``, ``list[str]``, ...), or None."""
+    owner: Any = Config()
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not dataclasses.is_dataclass(owner) or part not in _field_names(owner):
+            return None
+        owner = getattr(owner, part)
+    if not dataclasses.is_dataclass(owner) or parts[-1] not in _field_names(owner):
+        return None
+    return _field_type(owner, parts[-1])
 
 
 def get_key(config: Config, key: str) -> Any:
@@ -257,21 +326,33 @@ def get_key(config: Config, key: str) -> Any:
 def _unknown_key(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, config_keys(), n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; run `solrl config --keys` to list them"
-    return ConfigError(f"unknown config key '{key}'{hint}")
+    return ConfigError(f"unknown config key {_shown(key)}{hint}")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` with a YAML value (``pool=48``, ``rewards={a: 1.0}``, ``quant.skip=[a, b]``)."""
+    """``key=value`` with a YAML value (``pool=48``, ``rewards={a: 1.0}``, ``quant.skip=[a, b]``).
+
+    A string key (``model.path``, ``explore.backend``, ...) takes its text as written, where YAML
+    would read another type or another string from it (``model.path=2024-01-01``, ``0x1A``,
+    ``a #b``): a DVC stage passes ``-S key=${value}`` unquoted, and the string must come back
+    unchanged. Quoted (``'...'`` or ``"..."``), it is read as a YAML string.
+    """
     if "=" not in text:
-        raise ConfigError(f"override '{text}' is not key=value (e.g. -S pool=48)")
+        raise ConfigError(f"override {_shown(text)} is not key=value (e.g. -S pool=48)")
     key, _, value_text = text.partition("=")
     key = key.strip()
     if not key:
-        raise ConfigError(f"override '{text}' has an empty key (e.g. -S pool=48)")
+        raise ConfigError(f"override {_shown(text)} has an empty key (e.g. -S pool=48)")
+    if declared_type(key) is str and not value_text.strip().startswith(("'", '"')):
+        return key, value_text.strip()
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else ""
     except yaml.YAMLError:
-        raise ConfigError(f"override '{text}': the value is not valid YAML") from None
+        raise ConfigError(f"override {_shown(text)}: the value is not valid YAML") from None
+    except ValueError:  # an integer of more than 4300 digits
+        raise ConfigError(f"override {_shown(text)}: the value is too long a number") from None
+    except RecursionError:  # [[[[... nested thousands deep
+        raise ConfigError(f"override {_shown(text)}: the value is nested too deep") from None
     return key, value
 
 
@@ -302,6 +383,7 @@ def from_dict(mapping: dict[str, Any]) -> Config:
 def validate(config: Config) -> Config:
     """Check every cross-field rule; return the config unchanged when it is runnable."""
     from solrl_core.accounting import profile_problem
+    from solrl_core.models.registry import LOADERS
     from solrl_core.presets import PRESETS
     from solrl_core.quant.explorer import BACKENDS
     from solrl_core.rewards.registry import REWARDS
@@ -312,13 +394,18 @@ def validate(config: Config) -> Config:
              f"unknown explore.backend '{config.explore.backend}'; allowed: {', '.join(BACKENDS)}")
     _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
     _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
+    _require(config.model.loader in LOADERS,
+             f"unknown model.loader '{config.model.loader}'; allowed: {', '.join(LOADERS)}")
+    _require(_is_device(config.model.device),
+             f"model.device '{config.model.device}' is not a torch device; use auto, cpu, cuda or cuda:N")
     _require(bool(config.rewards), "rewards is empty; give at least one reward with a weight, e.g. -S 'rewards={shapes-compliance: 1.0}'")
     for name in list(config.rewards) + list(config.eval.rewards):
         _require(name in REWARDS, f"unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
-    _positive_ints(config, "iterations", "pool", "keep", "prompts_per_iteration", "explore.steps", "explore.chunk",
-                   "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
-                   "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
-                   "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool")
+    for name in config.reward_paths:
+        _require(name in REWARDS, f"reward_paths: unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
+    _require(bool(config.train.lora.targets) and all(t.strip() for t in config.train.lora.targets),
+             "train.lora.targets is empty; name the modules to adapt, e.g. -S 'train.lora.targets=[to_q, to_v]'")
+    _check_ranges(config)
     _require(config.keep <= config.pool, f"keep ({config.keep}) must be <= pool ({config.pool})")
     _require(config.keep % 2 == 0, f"keep ({config.keep}) must be even: half best and half worst seeds are kept")
     _require(config.keep >= 2, f"keep ({config.keep}) must be at least 2 (one best, one worst seed)")
@@ -339,20 +426,44 @@ def validate(config: Config) -> Config:
              f"accounting.utilization ({config.accounting.utilization}) must be in (0, 1]")
     accounting_problem = profile_problem(config.accounting.device, config.explore.backend)
     _require(accounting_problem is None, accounting_problem or "")
-    _require(0 <= config.seed < 2**63, f"seed ({config.seed}) must be in [0, 2**63)")
-    for key in config_keys(config):
-        value = get_key(config, key)
-        if isinstance(value, float):
-            _require(math.isfinite(value), f"{key} ({value}) must be a finite number")
     for name, weight in config.rewards.items():
         _require(math.isfinite(weight), f"rewards.{name}: weight ({weight}) must be a finite number")
     return config
 
 
-def _positive_ints(config: Config, *keys: str) -> None:
-    for key in keys:
+def _is_device(name: str) -> bool:
+    import torch
+
+    if name == "auto":
+        return True
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return device.type in DEVICE_TYPES
+
+
+# Integer keys that count something: at least 1. Every other integer key has its own range here.
+POSITIVE_INTS = ("iterations", "pool", "keep", "prompts_per_iteration", "explore.steps", "explore.chunk",
+                 "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
+                 "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
+                 "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool")
+INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS}}
+
+
+def _check_ranges(config: Config) -> None:
+    """Every number in range, before any rule that compares or prints one (a vast integer cannot
+    even be printed): integers within their bounds, every float finite."""
+    for key in config_keys(config):
         value = get_key(config, key)
-        _require(value >= 1, f"{key} ({value}) must be >= 1")
+        if isinstance(value, float):
+            _require(math.isfinite(value), f"{key} ({value}) must be a finite number")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            low, high = INT_RANGES.get(key, (-MAX_COUNT, MAX_COUNT))
+            if key == "seed":
+                _require(low <= value <= high, f"seed ({_shown(value, 30)}) must be in [0, 2**63)")
+            _require(value >= low, f"{key} ({_shown(value, 30)}) must be >= {low}")
+            _require(value <= high, f"{key} ({_shown(value, 30)}) must be <= {high}")
 
 
 def _require(condition: bool, message: str) -> None:

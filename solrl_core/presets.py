@@ -168,7 +168,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 def resolve_config(preset: str, family: str | None = None, overrides: list[tuple[str, Any]] | None = None,
                    base: dict[str, Any] | None = None) -> Config:
-    """defaults -> params mapping (``base``) -> preset -> family -> user overrides, then validate."""
+    """defaults -> params mapping (``base``) -> preset -> family -> user overrides, then validate;
+    then the prompt files it names are read, so that a missing one stops here, before any run."""
+    from solrl_core.prompts import check_prompt_files
+
     config = Config()
     if base:
         apply_mapping(config, base)
@@ -176,7 +179,7 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
         raise ConfigError(f"unknown preset '{preset}'; allowed: {', '.join(PRESETS)}")
     config.preset = preset
     apply_mapping(config, PRESETS[preset]["settings"])
-    family = family or config.family
+    family = config.family if family is None else family
     if family not in FAMILIES:
         raise ConfigError(f"unknown family '{family}'; allowed: {', '.join(FAMILIES)}")
     config.family = family
@@ -185,7 +188,9 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
         if key in ("preset", "family"):
             raise ConfigError(f"set {key} with --{key}, not -S")
         apply_mapping(config, {key: value})
-    return validate(config)
+    validate(config)
+    check_prompt_files(config)
+    return config
 
 
 def rollout_steps(config: Config) -> int:
