@@ -24,6 +24,11 @@ from solrl_core.models.policy import FlowPolicy
 class ModelFilesMissing(FileNotFoundError):
     """Model or reward-model files are not on this machine; the message is one actionable line."""
 
+    def __init__(self, message: str = ""):
+        from solrl_core.config import one_line
+
+        super().__init__(one_line(str(message)))
+
 
 # A tokenizer whose vocabulary covers less than this share of its text encoder's embedding table
 # was not really loaded: transformers 5 returns a near-empty tokenizer (about a hundred special
@@ -61,7 +66,7 @@ def resolve_model_dir(model: PipelineModel, path: str) -> Path:
     directory = _local_folder(source)
     missing = [] if directory is None else _missing_parts(directory, model.components)
     if directory is None or missing:
-        where = f"{source} (not a folder, not in the local Hugging Face cache)" if directory is None \
+        where = f"{source} ({_not_a_folder(source)})" if directory is None \
             else f"{directory} (missing {', '.join(missing)})"
         raise ModelFilesMissing(
             f"{model.name} weights not found at {where}; expected {model.layout()}: give it with "
@@ -70,10 +75,37 @@ def resolve_model_dir(model: PipelineModel, path: str) -> Path:
     return directory
 
 
+def local_path(source: str) -> Path | None:
+    """``source`` as an absolute local path (``~`` expanded, a relative path resolved against the
+    working directory), or None where it cannot name one (``~nosuchuser``, a NUL, too long)."""
+    try:
+        return Path(source).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def path_kind(path: Path | None) -> str:
+    """"folder", "file", "missing" (or "unreadable"), for messages and checks that must not raise."""
+    try:
+        return "missing" if path is None or not path.exists() else "folder" if path.is_dir() else "file"
+    except (OSError, ValueError):
+        return "unreadable"
+
+
+def _not_a_folder(source: str) -> str:
+    """Why a model source is not a usable folder, naming the absolute path that was looked at."""
+    path = local_path(source)
+    kind = path_kind(path)
+    if kind == "file":
+        return f"{path} is a file, not a folder"
+    looked = f"no folder at {path}" if path is not None else "not a usable path"
+    return f"{looked}, not in the local Hugging Face cache" if _looks_like_repo_id(source) else looked
+
+
 def _local_folder(source: str) -> Path | None:
-    candidate = Path(source).expanduser()
-    if candidate.is_dir():
-        return candidate.resolve()
+    candidate = local_path(source)
+    if path_kind(candidate) == "folder":
+        return candidate
     if _looks_like_repo_id(source):
         return cached_snapshot(source)
     return None

@@ -8,6 +8,7 @@ Loaders import their heavy dependencies only when called.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -15,7 +16,12 @@ from solrl_core.config import Config, ModelConfig
 from solrl_core.models.loading import ModelFilesMissing
 from solrl_core.models.policy import FlowPolicy
 
-__all__ = ["LOADERS", "ModelFilesMissing", "check_model_files", "load_policy", "resolve_device", "resolve_dtype"]
+__all__ = ["LOADERS", "ModelFilesMissing", "SHAPES_TINY_CHECKPOINT", "check_model_files", "load_policy",
+           "resolve_device", "resolve_dtype"]
+
+# The embedded world's committed base model. Named here, not in models.shapes_tiny, so that checking
+# it does not import diffusers (whose import-time warnings would spill onto a one-line error).
+SHAPES_TINY_CHECKPOINT = Path(__file__).resolve().parent.parent / "world" / "checkpoints" / "shapes-tiny.safetensors"
 
 
 def _shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
@@ -51,16 +57,44 @@ LOADERS: dict[str, Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy
 
 
 def check_model_files(model: ModelConfig) -> None:
-    """Raise ModelFilesMissing now if a real model's folder is missing: a cheap check (no import of
-    diffusers, nothing loaded) for callers that want to fail before starting heavier machinery."""
+    """Raise ModelFilesMissing now if the model's files are missing or of the wrong kind: a cheap
+    check (no import of diffusers, nothing loaded) for callers that want to fail before starting
+    heavier machinery."""
     from solrl_core.models.flux_dev import FLUX_DEV
     from solrl_core.models.loading import resolve_model_dir
     from solrl_core.models.sana import SANA_1600M
     from solrl_core.models.sd3 import SD35_LARGE
 
+    if model.loader == "shapes-tiny":
+        check_tiny_checkpoint(model.path)
+        return
     spec = {"flux": FLUX_DEV, "sana": SANA_1600M, "sd3": SD35_LARGE}.get(model.loader)
     if spec is not None:
         resolve_model_dir(spec, model.path)
+
+
+def check_tiny_checkpoint(path: str) -> None:
+    """The embedded world's checkpoint (``model.path``, else the committed one) must be one
+    safetensors file with its architecture in the metadata; only the header is read."""
+    from safetensors import SafetensorError, safe_open
+
+    from solrl_core.models.loading import local_path, path_kind
+
+    file = local_path(path) if path else SHAPES_TINY_CHECKPOINT
+    kind = path_kind(file)
+    how = "give the safetensors file `solrl pretrain` writes with -S model.path=FILE (empty: the committed one)"
+    if kind != "file":
+        where = file if file is not None else repr(path)
+        what = "is a folder, not a file" if kind == "folder" else "cannot be read" if kind == "unreadable" \
+            else "does not exist"
+        raise ModelFilesMissing(f"shapes-tiny checkpoint {where} {what}; {how}")
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ModelFilesMissing(f"shapes-tiny checkpoint {file} is not a safetensors file ({error}); {how}") from None
+    if "architecture" not in metadata:
+        raise ModelFilesMissing(f"shapes-tiny checkpoint {file} has no architecture in its metadata; {how}")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -14,8 +14,7 @@ from safetensors.torch import load_file, save_file
 from solrl_core.models.flux import make_flux_forward, pack_patches, unpack_patches
 from solrl_core.models.loading import ModelFilesMissing  # noqa: F401 - re-exported for old imports
 from solrl_core.models.policy import FlowPolicy
-
-CHECKPOINT = Path(__file__).resolve().parent.parent / "world" / "checkpoints" / "shapes-tiny.safetensors"
+from solrl_core.models.registry import SHAPES_TINY_CHECKPOINT as CHECKPOINT
 
 
 @dataclass(frozen=True)

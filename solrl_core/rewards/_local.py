@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from solrl_core.models.loading import ModelFilesMissing, cached_snapshot, check_tokenizer
+from solrl_core.models.loading import ModelFilesMissing, cached_snapshot, check_tokenizer, local_path, path_kind
 
 __all__ = ["LocalFiles", "ModelFilesMissing", "check_tokenizer", "register_package", "reward_device", "timm_quietly",
            "to_pil"]
@@ -48,7 +48,7 @@ class LocalFiles:
         folder = _folder(source)
         missing = list(self.required) if folder is None else [r for r in self.required if not has_file(folder, r)]
         if missing:
-            where = source if folder is None else str(folder)
+            where = str(folder) if folder is not None else f"{source} ({_not_found(source)})"
             raise ModelFilesMissing(f"reward '{self.reward}': {_names(missing)} not found in {where}; {self._how()}")
         return folder
 
@@ -62,15 +62,28 @@ def _names(requirements) -> str:
 
 
 def _folder(source: str) -> Path | None:
-    candidate = Path(source).expanduser()
-    if candidate.is_file():
-        return candidate.resolve().parent
-    if candidate.is_dir():
-        return candidate.resolve()
-    # Not a local path: a repo id ("org/name", or a legacy one like "bert-base-uncased") in the cache.
-    if source and source.count("/") <= 1 and not source.startswith(("/", ".", "~")) and not source.endswith("/"):
+    candidate = local_path(source)  # absolute: a relative path is resolved against the working directory
+    kind = path_kind(candidate)
+    if kind == "file":
+        return candidate.parent
+    if kind == "folder":
+        return candidate
+    if _is_repo_id(source):
         return cached_snapshot(source)
     return None
+
+
+def _not_found(source: str) -> str:
+    """Where a reward's files were looked for: the absolute local path, and the hub cache."""
+    local = local_path(source)
+    looked = f"no file or folder at {local}" if local is not None else "not a usable path"
+    return f"{looked}, not in the local Hugging Face cache" if _is_repo_id(source) else looked
+
+
+def _is_repo_id(source: str) -> bool:
+    """Not a local path: a repo id ("org/name", or a legacy one like "bert-base-uncased") in the cache."""
+    return bool(source) and source.count("/") <= 1 and not source.startswith(("/", ".", "~")) \
+        and not source.endswith("/")
 
 
 def reward_device() -> torch.device:
