@@ -12,7 +12,7 @@ Two measurements, both in this process, written as JSON:
   it gives the overhead share without the noise of two long runs on a shared machine.
 
     python benchmarks/orchestration_overhead.py                         # make-run config, 4 iterations
-    python benchmarks/orchestration_overhead.py --iterations 3 -S pool=48 --out benchmarks/orchestration_overhead.json
+    python benchmarks/orchestration_overhead.py --iterations 6 --pairs 2 --threads 1
 """
 
 from __future__ import annotations
@@ -116,23 +116,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     parser.add_argument("--task-calls", type=int, default=50)
-    parser.add_argument("--out", default="benchmarks/orchestration_overhead.json")
+    parser.add_argument("--out", default="reports/benchmarks/orchestration_overhead.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); fewer than the cores leaves room for Prefect's "
+                             "server process, which otherwise competes with the stages for the CPU")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="direct run then flow run, this many times; medians over all their iterations")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     overrides = [*args.overrides, f"iterations={args.iterations}", "progress=false"]
     config = resolve_config(args.preset, args.family, [parse_override(text) for text in overrides])
 
     with tempfile.TemporaryDirectory(prefix="solrl-overhead-") as scratch:
         scratch = Path(scratch)
         uri = f"sqlite:///{scratch / 'mlflow.db'}"
-        clock = IterationClock()
-        run_training(config, scratch / "direct", log=lambda line: None, observers=[clock])
-        direct = clock.seconds()
-        flowed = flow_run(overrides, args.preset, args.family, str(scratch / "flow"), uri)["iteration_seconds"]
+        direct, flowed = [], []
+        for pair in range(args.pairs):  # alternating, so a slow spell of a shared machine hits both
+            clock = IterationClock()
+            run_training(config, scratch / f"direct-{pair}", log=lambda line: None, observers=[clock])
+            direct.append(clock.seconds())
+            flowed.append(flow_run(overrides, args.preset, args.family, str(scratch / f"flow-{pair}"),
+                                   uri)["iteration_seconds"])
         per_task = task_overhead(args.task_calls)
-        metrics = json.loads((scratch / "direct" / "metrics.jsonl").read_text().splitlines()[0])
+        metrics = json.loads((scratch / "direct-0" / "metrics.jsonl").read_text().splitlines()[0])
         per_log = mlflow_iteration_cost(config, metrics, uri, scratch / "probe", 20)
 
-    direct_median, flow_median = statistics.median(steady(direct)), statistics.median(steady(flowed))
+    direct_median = statistics.median([s for run in direct for s in steady(run)])
+    flow_median = statistics.median([s for run in flowed for s in steady(run)])
     fixed = STAGE_TASKS_PER_ITERATION * statistics.median(per_task) + statistics.median(per_log)
     report = {
         "what": "orchestration (Prefect task per stage, ephemeral server) + tracking (MLflow, SQLite) overhead "
@@ -141,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                    "prompts_per_iteration": config.prompts_per_iteration, "pool": config.pool, "keep": config.keep,
                    "explore_steps": config.explore.steps, "regenerate_steps": config.regenerate.steps,
                    "overrides": args.overrides},
-        "machine": {"cpu_threads": torch.get_num_threads(), "machine": platform.machine(),
-                    "load_average": os.getloadavg()},
+        "machine": {"cpu_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+                    "machine": platform.machine(), "load_average": os.getloadavg()},
+        "pairs": args.pairs,
         "end_to_end": {
             "direct_iteration_seconds": direct, "flow_iteration_seconds": flowed,
             "direct_median_s": direct_median, "flow_median_s": flow_median,

@@ -1,21 +1,26 @@
 """The `solrl` command: run, pretrain, config.
 
-User errors (bad config, unknown names, missing model files) end with exit code 2 and one line
-on stderr, before anything is written.
+User errors (bad config, unknown names, missing model files, an unwritable output directory, a
+checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, before anything is
+written. A run that fails after it started (a stage failing past its retries, a full disk, a
+non-finite weight) ends with exit code 1 and one line saying where its last good checkpoint is.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
+from solrl_core.checkpoint import CheckpointError
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands
 from solrl_core.config import ConfigError, config_keys, parse_override, to_yaml
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 
 USER_ERROR = 2
+RUN_FAILED = 1
 # Set before Prefect or MLflow is imported: no telemetry (nothing outside this machine is
 # reachable), no hub downloads, and time for Prefect's ephemeral server to start on a busy machine.
 QUIET_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -41,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train with one family on one preset")
     _add_config_arguments(run)
     run.add_argument("--iterations", type=int, help="iterations to run (same as -S iterations=N)")
-    run.add_argument("--out", required=True, help="output directory (ledger.parquet, metrics.jsonl, summary.json)")
+    run.add_argument("--out", help="new output directory (ledger.parquet, metrics.jsonl, summary.json, checkpoint)")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue the interrupted run in DIR from its last checkpoint (its own config; "
+                          "-S iterations=N may extend it)")
     run.add_argument("--no-tracking", action="store_true", help="do not log the run to MLflow")
     run.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
@@ -59,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("--family", default="sol_rl", help=f"one of: {', '.join(FAMILIES)}")
+    parser.add_argument("--preset", default=None, help=f"one of: {', '.join(PRESETS)} (default shapes-tiny)")
+    parser.add_argument("--family", default=None, help=f"one of: {', '.join(FAMILIES)} (default sol_rl)")
     parser.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. -S pool=48 -S explore.steps=4")
 
@@ -69,16 +77,21 @@ def resolve_from_args(args: argparse.Namespace):
     overrides = [parse_override(text) for text in args.overrides]
     if getattr(args, "iterations", None) is not None:
         overrides.append(("iterations", args.iterations))
-    return resolve_config(args.preset, args.family, overrides)
+    return resolve_config(args.preset or "shapes-tiny", args.family or "sol_rl", overrides)
 
 
 def command_run(args: argparse.Namespace) -> int:
-    config = resolve_from_args(args)
-    out_dir = Path(args.out).expanduser().resolve()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file, not a directory; choose a new directory")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"output directory {out_dir} is not empty; choose a new --out")
+    if args.resume:
+        if args.out:
+            raise UserError("--resume DIR continues the run in DIR; leave out --out")
+        from flows.solrl import resumed
+
+        config, out_dir = resumed(args.resume, args.preset, args.family, args.iterations, args.overrides)
+    else:
+        if not args.out:
+            raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
+        config = resolve_from_args(args)
+        out_dir = new_output_directory(args.out)
     # Model and reward-model files alike: one line, exit code 2, nothing written.
     from solrl_core.models.loading import ModelFilesMissing
     from solrl_core.report import print_summary
@@ -93,15 +106,79 @@ def command_run(args: argparse.Namespace) -> int:
         # Cheap file checks first, so missing weights stop the run before Prefect starts.
         check_model_files(config.model)
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
-        summary = run_locally(preset=config.preset, family=config.family, iterations=args.iterations,
-                              overrides=list(args.overrides), out=str(out_dir), tracking=not args.no_tracking,
-                              tracking_uri=args.tracking_uri)
+        writable_or_raise(out_dir)
+        parameters = dict(iterations=args.iterations, overrides=list(args.overrides), tracking=not args.no_tracking,
+                          tracking_uri=args.tracking_uri)
+        if args.resume:
+            summary = run_locally(resume=str(out_dir), preset=args.preset, family=args.family, **parameters)
+        else:
+            summary = run_locally(preset=config.preset, family=config.family, out=str(out_dir), **parameters)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None
+    except (UserError, ConfigError, CheckpointError):
+        raise
+    except RUN_FAILURES as failure:
+        if os.environ.get("SOLRL_TRACEBACK"):  # for bug reports: the full story on stderr
+            import traceback
+
+            traceback.print_exception(failure)
+        raise RunFailed(_failure_line(failure, out_dir)) from None
     print_summary(summary)
     if "mlflow" in summary:
         print(f"MLflow run {summary['mlflow']['run_id']}; reward vs GPU-hours: {summary['mlflow']['ui']}")
     return 0
+
+
+class RunFailed(Exception):
+    """A run that started and then failed (exit code 1): the message says where it can resume."""
+
+
+# What stops a started run: a stage that failed past its retries, a full disk, a non-finite
+# weight. Each leaves the last good checkpoint in place.
+RUN_FAILURES = (Exception,)
+
+
+def new_output_directory(text: str) -> Path:
+    out_dir = Path(text).expanduser().resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file, not a directory; choose a new directory")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"output directory {out_dir} is not empty; choose a new --out (or --resume it)")
+    return out_dir
+
+
+def writable_or_raise(out_dir: Path) -> None:
+    """Create ``out_dir`` if needed and write a probe file in it: an unwritable place (a file on the
+    path, no permission, a read-only or full disk) is one line before the run starts, not a crash
+    after an hour of exploring. A directory this check created is removed again on failure."""
+    created = [parent for parent in (out_dir, *out_dir.parents) if not parent.exists()]
+    probe = out_dir / ".solrl-write-probe"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"0" * 4096)
+        probe.unlink()
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+            for directory in created:
+                if directory.exists():
+                    directory.rmdir()
+        raise UserError(f"cannot write to output directory {out_dir}: {error.strerror or error}; "
+                        "choose a writable place with free space") from None
+
+
+def _failure_line(failure: BaseException, out_dir: Path) -> str:
+    from solrl_core.checkpoint import CheckpointError, read_metadata
+
+    what = f"{type(failure).__name__}: {failure}".splitlines()[0]
+    if isinstance(failure, OSError) and failure.filename:
+        what = f"could not write {failure.filename}: {failure.strerror}"
+    try:
+        done = read_metadata(out_dir)["next_iteration"]
+    except CheckpointError:
+        return f"run failed: {what}; nothing to resume (no checkpoint in {out_dir})"
+    return (f"run failed: {what}; the last good checkpoint ({done} iterations done) is in {out_dir}: "
+            f"resume with `solrl run --resume {out_dir}`")
 
 
 def command_config(args: argparse.Namespace) -> int:
@@ -138,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
-    except (UserError, ConfigError) as error:
+    except (UserError, ConfigError, CheckpointError) as error:
         print(f"solrl: error: {error}", file=sys.stderr)
         return USER_ERROR
+    except RunFailed as failure:
+        print(f"solrl: error: {failure}", file=sys.stderr)
+        return RUN_FAILED
     except KeyboardInterrupt:
         print("solrl: interrupted", file=sys.stderr)
         return 130

@@ -139,6 +139,12 @@ class AccountingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # Write the resumable checkpoint after every N-th iteration (and after the last one).
+    every: int = 1
+
+
+@dataclass
 class PromptConfig:
     # Text files with one prompt per line; empty means the embedded world's caption generator.
     train_file: str = ""
@@ -169,6 +175,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     progress: bool = True
 
 
@@ -447,7 +454,8 @@ def _is_device(name: str) -> bool:
 POSITIVE_INTS = ("iterations", "pool", "keep", "prompts_per_iteration", "explore.steps", "explore.chunk",
                  "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
                  "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
-                 "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool")
+                 "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool",
+                 "checkpoint.every")
 INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS}}
 
 

@@ -1,4 +1,8 @@
-"""The seed ledger (one Parquet row per explored seed) and atomic writes of run outputs."""
+"""The seed ledger (one Parquet row per explored seed) and atomic writes of run outputs.
+
+A non-finite reward (a reward model that failed on an image) is stored as null, never as NaN: a
+null is visibly missing, a NaN silently poisons every mean computed over the column.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import math
+
 import polars as pl
 import torch
+
+from solrl_core import faults
+
+LEDGER_FILE, METRICS_FILE, SUMMARY_FILE = "ledger.parquet", "metrics.jsonl", "summary.json"
+LORA_FILE = "lora.safetensors"  # the final LoRA adapters (trained, old, EMA): a DVC-tracked output
+RUN_OUTPUTS = (LEDGER_FILE, METRICS_FILE, SUMMARY_FILE, LORA_FILE)
 
 
 def ledger_frame(iteration: int, prompts: list[str], prompt_ids: list[int], seeds: torch.Tensor,
@@ -26,16 +38,17 @@ def ledger_frame(iteration: int, prompts: list[str], prompt_ids: list[int], seed
         "prompt_id": [pid for pid in prompt_ids for _ in range(pool)],
         "prompt": [p for p in prompts for _ in range(pool)],
         "seed": seeds.flatten().tolist(),
-        "explore_reward": explore_combined.flatten().double().tolist(),
+        "explore_reward": _finite_or_null(explore_combined.flatten().double().tolist()),
     }
     for name, values in explore_scores.items():
-        columns[f"explore_{name}"] = values.flatten().double().tolist()
+        columns[f"explore_{name}"] = _finite_or_null(values.flatten().double().tolist())
     columns["selected"] = selected.flatten().tolist()
     columns["fp_reward"] = _scatter_kept(fp_combined, selection, pool)
     for name in explore_scores:
         columns[f"fp_{name}"] = _scatter_kept(fp_scores.get(name) if fp_scores else None, selection, pool)
     columns["advantage"] = _scatter_kept(advantages, selection, pool)
-    schema = {"iteration": pl.Int32, "prompt_id": pl.Int32, "prompt": pl.String, "seed": pl.Int64, "selected": pl.Boolean}
+    float_columns = [name for name in columns if name.startswith(("explore_", "fp_")) or name == "advantage"]
+    schema = {**{name: pl.Float64 for name in float_columns}, "iteration": pl.Int32, "prompt_id": pl.Int32, "prompt": pl.String, "seed": pl.Int64, "selected": pl.Boolean}
     return pl.DataFrame(columns, schema_overrides=schema)
 
 
@@ -47,37 +60,83 @@ def _scatter_kept(values: torch.Tensor | None, selection: torch.Tensor, pool: in
     kept = values.reshape(groups, -1)
     for g in range(groups):
         for k, index in enumerate(selection[g].tolist()):
-            rows[g * pool + index] = float(kept[g, k])
+            value = float(kept[g, k])
+            rows[g * pool + index] = value if math.isfinite(value) else None
     return rows
+
+
+def _finite_or_null(values: list[float]) -> list[float | None]:
+    return [value if math.isfinite(value) else None for value in values]
 
 
 def append_ledger(path: Path, frame: pl.DataFrame) -> None:
     """Append by rewriting to a temporary file and renaming: the ledger is never half-written."""
     combined = pl.concat([pl.read_parquet(path), frame], how="vertical_relaxed") if path.exists() else frame
-    _atomic_write(path, lambda temporary: combined.write_parquet(temporary))
+    atomic_write(path, lambda temporary: combined.write_parquet(temporary))
 
 
 def write_json(path: Path, payload: Any) -> None:
     text = json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n"
-    _atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
 
 
 def append_jsonl(path: Path, record: dict) -> None:
     previous = path.read_text(encoding="utf-8") if path.exists() else ""
     text = previous + json.dumps(record, default=_json_default) + "\n"
-    _atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
 
 
-def _atomic_write(path: Path, write) -> None:
+def metrics_lines(path: Path) -> list[str]:
+    """The lines of a metrics.jsonl (one JSON record per iteration); none when there is no file."""
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in metrics_lines(path)]
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(temporary_path)``, flush it to disk, then rename it over ``path``.
+
+    A crash at any point leaves the previous file (or none) in place, never a partial one; the
+    temporary file is removed when ``write`` fails.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(descriptor)
     try:
         write(temporary)
+        faults.point(f"write:{path.name}")
+        _fsync(temporary)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # the output that could not be written, for the one-line error
         raise
+    fsync_directory(path.parent)
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def _json_default(value: Any) -> Any:

@@ -3,6 +3,7 @@ schedules of the old-policy soft update and the evaluation EMA."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,10 +17,18 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
     The denominator is global, not per group: a group whose samples all score alike keeps small
     advantages instead of having its noise blown up to unit scale.
+    Non-finite rewards (a reward model that failed on an image) get a NaN advantage and are left
+    out of the group means and the global std, so they cannot shift anyone else's advantage.
     """
     rewards = rewards.double()
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    return (centred / (rewards.std(unbiased=False) + ADVANTAGE_EPS)).float()
+    finite = torch.isfinite(rewards)
+    values = torch.where(finite, rewards, torch.zeros_like(rewards))
+    counts = finite.sum(dim=1, keepdim=True)
+    group_mean = values.sum(dim=1, keepdim=True) / counts.clamp(min=1)
+    centred = torch.where(finite, rewards - group_mean, torch.full_like(rewards, math.nan))
+    scored = rewards[finite]
+    spread = float(((scored - scored.mean()) ** 2).mean().sqrt()) if scored.numel() else 0.0
+    return (centred / (spread + ADVANTAGE_EPS)).float()
 
 
 def optimality_weight(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:

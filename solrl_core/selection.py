@@ -12,17 +12,26 @@ def select_extremes(rewards: torch.Tensor, keep: int) -> torch.Tensor:
 
     A stable sort keeps ties in seed order, so the selection is deterministic. When keep == N the
     whole group is kept in seed order (the plain DiffusionNFT baseline draws no extra seeds).
-    NaN rewards rank as the worst, so a failed score never wins a "best" slot.
+    A non-finite reward (NaN or +-inf: a reward model that failed on the image) says nothing about
+    the seed, so it ranks in the middle of its group: it is kept only when the group has fewer than
+    ``keep`` finite rewards, and then its sample is left out of the update.
     """
     groups, pool = rewards.shape
     if keep > pool or keep % 2:
         raise ValueError(f"keep ({keep}) must be even and <= pool ({pool})")
     if keep == pool:
         return torch.arange(pool).expand(groups, pool).clone()
-    clean = torch.nan_to_num(rewards.double(), nan=-math.inf)
-    order = torch.sort(clean, dim=1, descending=True, stable=True).indices
     half = keep // 2
-    return torch.cat([order[:, :half], order[:, pool - half:]], dim=1)
+    return torch.stack([_extremes_of_group(group, half) for group in rewards.double()])
+
+
+def _extremes_of_group(rewards: torch.Tensor, half: int) -> torch.Tensor:
+    finite = torch.isfinite(rewards)
+    scored = torch.nonzero(finite).flatten()
+    order = scored[torch.sort(rewards[scored], descending=True, stable=True).indices]
+    middle = (order.numel() + 1) // 2
+    ranked = torch.cat([order[:middle], torch.nonzero(~finite).flatten(), order[middle:]])
+    return torch.cat([ranked[:half], ranked[ranked.numel() - half:]])
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:

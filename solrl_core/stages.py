@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from solrl_core import faults
 from solrl_core.config import Config
 from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
 from solrl_core.models.policy import FlowPolicy
@@ -19,7 +20,7 @@ from solrl_core.nft import ema_decay, group_advantages, nft_loss, old_policy_rat
 from solrl_core.presets import rollout_steps
 from solrl_core.progress import progress
 from solrl_core.quant.explorer import Explorer, build_explorer
-from solrl_core.rewards.registry import RewardScores, RewardSet
+from solrl_core.rewards.registry import RewardFailure, RewardScores, RewardSet, finite_mean
 from solrl_core.sampling import sample
 from solrl_core.seeds import batch_noise, derive_seed, draw_seeds, noise_from_seed
 from solrl_core.selection import select_extremes, spearman
@@ -83,7 +84,8 @@ class UpdateReport:
     skipped_steps: int
     old_policy_rate: float
     ema_decay: float
-    advantages: torch.Tensor = field(repr=False)  # [P, K]
+    advantages: torch.Tensor = field(repr=False)  # [P, K]; NaN where the sample's reward was not finite
+    unscored_samples: int = 0  # trained-on samples left out because their reward was not finite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +143,11 @@ def explore(state: RunState, iteration: int) -> Drafts:
     flat_prompts = [p for p in prompts for _ in range(config.pool)]
     latents, sigmas = _sample_seeds(state, flat_prompts, seeds.flatten().tolist(), rollout_steps(config),
                                     config.explore.chunk, adapter=OLD, explorer=state.explorer, label="explore")
+    faults.point("explore")  # the pool is sampled, not yet scored
     scores = _score(state, latents, flat_prompts, list(config.rewards))
+    if not bool(torch.isfinite(scores.combined).any()):
+        raise RewardFailure(f"no finite reward for any of the {len(flat_prompts)} images explored in iteration "
+                            f"{iteration}: the policy diverged or the reward model is broken")
     keep_latents = not config.regenerate.enabled
     return Drafts(iteration=iteration, prompts=prompts, prompt_ids=prompt_ids, seeds=seeds, scores=scores,
                   sigmas=sigmas, latents=latents.view(len(prompts), config.pool, *latents.shape[1:]) if keep_latents else None,
@@ -242,9 +248,14 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     weights = optimality_weight(advantages, train.adv_clip).flatten()
     flat_latents = rollout.latents.flatten(0, 1)
     flat_prompts = [p for p in rollout.prompts for _ in range(rollout.seeds.shape[1])]
-    items = _train_items(config, rollout, iteration)
+    # A sample whose reward is not finite (the reward model failed on it) has no advantage: it
+    # is left out of the update, and counted.
+    scored = torch.isfinite(advantages).flatten()
+    items = [item for item in _train_items(config, rollout, iteration) if scored[item.sample]]
     totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 0, "skipped_steps": 0}
-    for step_items in _split_even(items, train.steps_per_iteration):
+    for step_number, step_items in enumerate(_split_even(items, train.steps_per_iteration)):
+        if step_number:
+            faults.point("update")  # between optimizer steps
         step = _optimizer_step(state, step_items, flat_latents, flat_prompts, weights)
         for key in totals:
             totals[key] += step[key]
@@ -256,7 +267,8 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     return UpdateReport(loss=totals["loss"] / steps, policy_loss=totals["policy"] / steps, kl_loss=totals["kl"] / steps,
                         grad_norm=totals["grad_norm"] / steps, optimizer_steps=state.optimizer_steps,
                         skipped_micro_batches=totals["skipped"], skipped_steps=totals["skipped_steps"],
-                        old_policy_rate=eta, ema_decay=decay, advantages=advantages)
+                        old_policy_rate=eta, ema_decay=decay, advantages=advantages,
+                        unscored_samples=int((~scored).sum()))
 
 
 def _train_items(config: Config, rollout: Rollout, iteration: int) -> list[_TrainItem]:
@@ -298,15 +310,25 @@ def _optimizer_step(state: RunState, items: list[_TrainItem], latents: torch.Ten
         totals["policy"] += result.policy_loss * share
         totals["kl"] += result.kl_loss * share
     trainable = [p for p in state.optimizer.param_groups[0]["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, train.grad_clip))
-    stepped = math.isfinite(grad_norm) and totals["skipped"] * micro < len(items)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, train.grad_clip)) if items else 0.0
+    stepped = bool(items) and math.isfinite(grad_norm) and totals["skipped"] * micro < len(items)
     if stepped:
         state.optimizer.step()
         state.optimizer_steps += 1
+        _require_finite_weights(trainable)
     state.optimizer.zero_grad(set_to_none=True)
     return {"loss": totals["loss"], "policy": totals["policy"], "kl": totals["kl"],
             "grad_norm": grad_norm if math.isfinite(grad_norm) else 0.0, "skipped": totals["skipped"],
             "skipped_steps": 0 if stepped else 1}
+
+
+def _require_finite_weights(parameters: list[torch.Tensor]) -> None:
+    """Stop the run rather than carry a non-finite weight into sampling or a checkpoint."""
+    from solrl_core.checkpoint import NonFiniteState
+
+    if not all(bool(torch.isfinite(p).all()) for p in parameters):
+        raise NonFiniteState("an optimizer step produced a non-finite LoRA weight (learning rate too high?); "
+                             "the run stops and its last good checkpoint is kept")
 
 
 def _micro_batch_loss(state: RunState, batch: list[_TrainItem], latents: torch.Tensor, prompts: list[str],
@@ -346,5 +368,6 @@ def evaluate(state: RunState, adapter: str | None = EMA) -> tuple[dict[str, floa
     names = list(dict.fromkeys(list(config.rewards) + list(config.eval.rewards)))
     images = state.policy.decode(latents.to(state.policy.device)).cpu()
     scores = state.rewards.score(images, prompts, names)
-    means = {name: float(values.mean()) for name, values in scores.per_reward.items()}
+    # Mean over the images a reward could score (a failed image is left out, not averaged as NaN).
+    means = {name: finite_mean(values) for name, values in scores.per_reward.items()}
     return means, images

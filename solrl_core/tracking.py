@@ -6,7 +6,8 @@ the checkpoints; metrics are logged per iteration at ``step = iteration + 1`` (t
 evaluation at step 0), together with the cumulative GPU-hours of that step, so that the MLflow UI
 can plot any reward with a GPU-hours metric as its x-axis. Each evaluation logs a sample grid
 (fixed prompts and seeds) as a stepped image; the end of the run logs the reward-vs-GPU-hours
-figure, the summary and the metrics file.
+figure, the summary and the metrics file. A resumed run continues the same MLflow run (its id is
+kept in ``mlflow_run.json`` in the output directory) when it logs to the same store.
 
 Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlruns`` (no server needed);
 ``MLFLOW_TRACKING_URI`` or an explicit URI overrides it.
@@ -15,6 +16,7 @@ Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlruns`` 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import subprocess
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 from solrl_core.config import Config, to_dict
+from solrl_core.ledger import write_json
 from solrl_core.training import RunObserver
 
 STORE_FILE, ARTIFACT_DIR = "mlflow.db", "mlruns"
@@ -33,6 +36,7 @@ STORE_FILE, ARTIFACT_DIR = "mlflow.db", "mlruns"
 # accounting into metrics.jsonl), then the measured wall-clock hours of the training stages.
 GPU_HOUR_AXES = ("gpu_hours_cumulative", "modeled_gpu_hours_cumulative", "wall_clock_hours_cumulative")
 FIGURE = "plots/reward_vs_gpu_hours.png"
+RUN_RECORD = "mlflow_run.json"  # in the run's output directory: which MLflow run it logs to
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
@@ -79,10 +83,47 @@ class MlflowObserver(RunObserver):
                 **code_version_tags(), **self.extra_tags}
         run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
+        write_json(out_dir / RUN_RECORD, {"tracking_uri": self.tracking_uri, "run_id": self.run_id})
         params = [Param(key, value) for key, value in flatten_params(to_dict(config)).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         self.client.log_batch(self.run_id, tags=[RunTag("mlflow.note.content", _note(config))])
+
+    def on_resume(self, config: Config, out_dir: Path, base_eval: dict[str, float], history: list[dict]) -> None:
+        """Reopen the run's MLflow run when this store has it; otherwise start a new run and log
+        the history to it, so either way one run holds the whole curve."""
+        from mlflow.entities import RunTag
+
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.config, self.out_dir = config, out_dir
+        previous = self._previous_run(out_dir)
+        if previous is None:
+            self.on_start(config, out_dir)
+            self._log_metrics({f"eval/{name}": value for name, value in base_eval.items()}, 0)
+        else:
+            self.run_id = previous
+            self.client.update_run(self.run_id, status="RUNNING")
+        self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
+                            **{f"eval/{k}": v for k, v in base_eval.items()}})
+        for record in history:
+            self._record_iteration(record, log=previous is None, replay=True)
+        resumed_at = history[-1]["iteration"] + 1 if history else 0
+        self.client.log_batch(self.run_id, tags=[RunTag("solrl.resumed_at_iteration", str(resumed_at))])
+
+    def _previous_run(self, out_dir: Path) -> str | None:
+        path = out_dir / RUN_RECORD
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("tracking_uri") != self.tracking_uri:
+            return None
+        try:
+            self.client.get_run(record["run_id"])
+        except Exception:  # noqa: BLE001 - a run this store does not have: start a new one
+            return None
+        return record["run_id"]
 
     def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None:
         step = iteration + 1
@@ -93,6 +134,9 @@ class MlflowObserver(RunObserver):
         self.client.log_image(self.run_id, sample_grid(images, self.config), key="eval_samples", step=step)
 
     def on_iteration(self, metrics: dict) -> None:
+        self._record_iteration(metrics, log=True)
+
+    def _record_iteration(self, metrics: dict, log: bool, replay: bool = False) -> None:
         step = metrics["iteration"] + 1
         self._wall_clock_hours += metrics.get("seconds", {}).get("total", 0.0) / 3600
         # Evaluation rewards were logged by on_evaluation at this step; they join the figure's curve here.
@@ -101,8 +145,12 @@ class MlflowObserver(RunObserver):
         axes = [axis for axis in GPU_HOUR_AXES if axis in values]
         if not self._seen_axes:  # the x-axis metrics also need the base evaluation's point, 0 at step 0
             self._seen_axes = axes
-            self._log_metrics({axis: 0.0 for axis in axes}, 0)
-        self._log_metrics(values, step)
+            if log:
+                self._log_metrics({axis: 0.0 for axis in axes}, 0)
+        if log:
+            self._log_metrics(values, step)
+            if replay and "eval" in metrics:  # a live run logged them in on_evaluation
+                self._log_metrics({f"eval/{name}": value for name, value in metrics["eval"].items()}, step)
         self._curve.append({"step": step, **values, **{f"eval/{k}": v for k, v in metrics.get("eval", {}).items()}})
 
     def on_end(self, summary: dict) -> None:

@@ -1,5 +1,6 @@
 """The training loop: iterations of explore -> rank -> regenerate -> update -> requantize, with
-evaluation every ``eval.every`` iterations, writing the ledger, metrics and summary of a run."""
+evaluation every ``eval.every`` iterations, writing the ledger, metrics and summary of a run, and a
+checkpoint every ``checkpoint.every`` iterations that ``resume=True`` continues from exactly."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from pathlib import Path
 
 import torch
 
-from solrl_core import stages
+from solrl_core import faults, stages
 from solrl_core.accounting import accountant_for
+from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
+                                   restore, rewind_outputs, save_checkpoint)
 from solrl_core.config import Config, to_dict
-from solrl_core.ledger import append_jsonl, append_ledger, ledger_frame, write_json
+from solrl_core.ledger import LEDGER_FILE as LEDGER
+from solrl_core.ledger import LORA_FILE as LORA
+from solrl_core.ledger import METRICS_FILE as METRICS
+from solrl_core.ledger import SUMMARY_FILE as SUMMARY
+from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_frame, write_json
 from solrl_core.models.adapters import EMA, adapter_state
 from solrl_core.rewards.registry import finite_mean
-
-LEDGER, METRICS, SUMMARY = "ledger.parquet", "metrics.jsonl", "summary.json"
-LORA = "lora.safetensors"  # the final LoRA adapters (trained, old, EMA): a DVC-tracked output
 
 
 # A stage runner calls one stage: (stage name, function, *args) -> result. The default calls it
@@ -36,6 +40,10 @@ class RunObserver:
     """Hooks for trackers (MLflow) and reporters; every hook is optional."""
 
     def on_start(self, config: Config, out_dir: Path) -> None: ...
+
+    def on_resume(self, config: Config, out_dir: Path, base_eval: dict[str, float], history: list[dict]) -> None:
+        """A resumed run: ``history`` holds the metrics records of the iterations already run."""
+        self.on_start(config, out_dir)
 
     def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None: ...
 
@@ -68,6 +76,7 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     clock.time("requantize", stages.requantize, state)
     fidelity = stages.online_fidelity(drafts, selection, rollout)
     append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
+    faults.point("ledger")
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
     compute = accountant_for(state).iteration(
         state, explored=drafts.seeds.numel(), explore_steps=len(drafts.sigmas) - 1, kept=rollout.seeds.numel(),
@@ -93,7 +102,10 @@ def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, comp
         "explore_reward_mean": finite_mean(drafts.scores.combined),
         "kept_reward_mean": finite_mean(kept.flatten()),
         # The signal Sol-RL scales: best-half minus worst-half reward of the trained samples.
-        "kept_gap": float(kept[:, :half].mean() - kept[:, half:].mean()) if kept.shape[1] > 1 else 0.0,
+        "kept_gap": finite_mean(kept[:, :half]) - finite_mean(kept[:, half:]) if kept.shape[1] > 1 else 0.0,
+        # Images a reward model gave no finite score: counted, never ranked high, never trained on.
+        "nonfinite_rewards": {"explore": int((~torch.isfinite(drafts.scores.combined)).sum()),
+                              "trained": report.unscored_samples},
         "loss": report.loss, "policy_loss": report.policy_loss, "kl_loss": report.kl_loss,
         "grad_norm": report.grad_norm, "optimizer_steps": report.optimizer_steps,
         "skipped_micro_batches": report.skipped_micro_batches, "skipped_steps": report.skipped_steps,
@@ -109,24 +121,50 @@ def should_evaluate(config: Config, iteration: int) -> bool:
     return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
 
 
+def should_checkpoint(config: Config, iteration: int) -> bool:
+    return (iteration + 1) % config.checkpoint.every == 0 or iteration + 1 == config.iterations
+
+
 def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = print,
-                 runner: StageRunner = call_directly, observers: list[RunObserver] = ()) -> dict:
-    """Run ``config.iterations`` iterations; returns the summary also written to summary.json."""
+                 runner: StageRunner = call_directly, observers: list[RunObserver] = (),
+                 resume: bool = False) -> dict:
+    """Run ``config.iterations`` iterations; returns the summary also written to summary.json.
+
+    ``resume``: continue the run in ``out_dir`` from its checkpoint; the ledger, metrics and
+    adapters come out identical to those of a run that was never interrupted.
+    """
     started = time.perf_counter()
+    # A checkpoint that cannot be resumed, or outputs that do not match it, stop the run before
+    # the model loads; rows of iterations after the checkpoint are dropped (they are redone).
+    checkpoint = load_checkpoint(out_dir) if resume else None
+    history = _rewind(out_dir, checkpoint) if checkpoint is not None else []
     # Load the model and build the explorer first: a missing file or an unsupported backend
     # stops the run before anything is written.
     state = runner("load", stages.initial_state, config)
+    if checkpoint is not None:
+        restore(state, checkpoint)  # before quantize: the explorer is built from the "old" adapter
     quantize_report = runner("quantize", stages.quantize, state)
     out_dir.mkdir(parents=True, exist_ok=True)
     for observer in observers:
-        observer.on_start(config, out_dir)
+        if checkpoint is None:
+            observer.on_start(config, out_dir)
+        else:
+            observer.on_resume(config, out_dir, checkpoint.base_eval, history)
     log(f"explorer: {quantize_report['backend']} on {quantize_report['quantized_layers']} Linear layers; "
         f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
-    base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
+    if checkpoint is None:
+        base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
+        save_checkpoint(out_dir, state, next_iteration=0, base_eval=base_eval)
+        first = 0
+    else:
+        base_eval, first = checkpoint.base_eval, checkpoint.next_iteration
+        log(f"resumed from {out_dir / CHECKPOINT} before iteration {first} ({state.optimizer_steps} optimizer steps)")
     log("base      " + _format_rewards(base_eval))
     evaluations = [{"iteration": -1, **base_eval}]
-    final_eval = base_eval
-    for iteration in range(config.iterations):
+    evaluations += [{"iteration": record["iteration"], **record["eval"]} for record in history if "eval" in record]
+    final_eval = {k: v for k, v in evaluations[-1].items() if k != "iteration"}
+    for iteration in range(first, config.iterations):
+        faults.at_iteration(iteration)
         metrics = run_iteration(state, iteration, out_dir, runner)
         if should_evaluate(config, iteration):
             final_eval = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
@@ -136,13 +174,16 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
         for observer in observers:
             observer.on_iteration(metrics)
         log(_iteration_line(metrics))
+        if should_checkpoint(config, iteration):
+            save_checkpoint(out_dir, state, next_iteration=iteration + 1, base_eval=base_eval)
     summary = {
         "preset": config.preset, "family": config.family, "iterations": config.iterations,
         "eval_reward_base": base_eval, "eval_reward_final": final_eval, "evaluations": evaluations,
         "seconds": round(time.perf_counter() - started, 2),
+        "resumed_from_iteration": checkpoint.next_iteration if checkpoint is not None else None,
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA)},
+        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT)},
         "config": to_dict(config),
     }
     save_adapters(out_dir / LORA, state)
@@ -150,6 +191,12 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
     for observer in observers:
         observer.on_end(summary)
     return summary
+
+
+def _rewind(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
+    """Drop what a killed run left past its checkpoint; the metrics records of the iterations run."""
+    discard_temporaries(out_dir)
+    return rewind_outputs(out_dir, checkpoint)
 
 
 def _evaluate(state, runner, observers, grid_path: Path, iteration: int, adapter: str | None = EMA) -> dict:
@@ -164,10 +211,10 @@ def save_adapters(path: Path, state: stages.RunState) -> None:
     """The LoRA adapters as safetensors, written to a temporary name and renamed into place."""
     from safetensors.torch import save_file
 
-    temporary = path.with_name(f".{path.name}.tmp")
-    save_file(adapter_state(state.policy.transformer), str(temporary),
-              metadata={"preset": state.config.preset, "family": state.config.family})
-    temporary.replace(path)
+    tensors = adapter_state(state.policy.transformer)
+    require_finite(tensors)
+    atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata={"preset": state.config.preset,
+                                                                                 "family": state.config.family}))
 
 
 def save_grid(path: Path, images: torch.Tensor, config: Config) -> None:
@@ -191,6 +238,9 @@ def _iteration_line(metrics: dict) -> str:
         f"fidelity {fidelity:.3f}" if fidelity is not None else "fidelity  n/a",
         f"{metrics['seconds']['total']:.1f}s",
     ]
+    unscored = metrics.get("nonfinite_rewards", {})
+    if any(unscored.values()):
+        parts.append(f"unscored images {unscored['explore']} explored / {unscored['trained']} trained")
     if "eval" in metrics:
         parts.append("eval " + _format_rewards(metrics["eval"]))
     return " | ".join(parts)

@@ -99,3 +99,33 @@ def test_figure_and_evaluation_grids_are_served(logged_run, server):
     assert get(server, "/get-artifact", path=grids[0], run_uuid=observer.run_id).startswith(b"\x89PNG")
     summary = json.loads(get(server, "/get-artifact", path="run/summary.json", run_uuid=observer.run_id))
     assert summary["config"]["pool"] == 8
+
+
+def test_a_resumed_run_continues_its_mlflow_run_with_one_point_per_step(tmp_path, monkeypatch):
+    """A run that failed in iteration 1 and was resumed is one MLflow run: every step logged once
+    per metric with the values of an untroubled run, the run FINISHED."""
+    from mlflow import MlflowClient
+
+    from solrl_core import faults
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = resolve_config("shapes-tiny", "sol_rl", [*SHORT, ("iterations", 3)])
+    monkeypatch.setenv(faults.ENVIRONMENT, "raise@update:1")
+    faults.reset()
+    first = MlflowObserver(uri, run_name="interrupted", log=lambda line: None)
+    with pytest.raises(faults.InjectedFault):
+        run_training(config, tmp_path / "run", log=lambda line: None, observers=[first])
+    first.finish("FAILED")
+    monkeypatch.delenv(faults.ENVIRONMENT)
+    faults.reset()
+    second = MlflowObserver(uri, run_name="resumed", log=lambda line: None)
+    run_training(config, tmp_path / "run", log=lambda line: None, observers=[second], resume=True)
+    assert second.run_id == first.run_id
+    client = MlflowClient(uri)
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["solrl.resumed_at_iteration"] == "1"
+    for key in ("modeled_gpu_hours_cumulative", "eval/shapes-compliance", "kept_reward_mean"):
+        steps = [m.step for m in client.get_metric_history(first.run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {steps}"
+    hours = {m.step: m.value for m in client.get_metric_history(first.run_id, "modeled_gpu_hours_cumulative")}
+    assert sorted(hours) == [0, 1, 2, 3] and hours[3] > hours[2] > hours[1] > 0

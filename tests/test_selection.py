@@ -48,14 +48,21 @@ def test_keep_equal_to_pool_returns_every_seed_in_order():
     assert kept.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
 
 
-def test_nan_reward_ranks_worst():
-    rewards = torch.tensor([[0.2, float("nan"), 0.9, 0.5, 0.1, 0.7]])
-    kept = select_extremes(rewards, 2)
-    assert kept[0, 0].item() == 2
-    assert kept[0, 1].item() == 1
+def test_unscored_drafts_are_never_kept_while_enough_scored_ones_exist():
+    """A NaN or infinite reward says nothing about the seed: it neither wins a best slot (+inf)
+    nor poses as a worst seed (NaN, -inf) while the group has enough finite rewards."""
+    rewards = torch.tensor([[0.2, float("nan"), 0.9, float("inf"), 0.5, 0.1, float("-inf"), 0.7]])
     kept = select_extremes(rewards, 4)
-    assert 1 not in kept[0, :2].tolist()
-    assert 1 in kept[0, 2:].tolist()
+    assert kept.tolist() == [[2, 7, 0, 5]]
+
+
+def test_unscored_drafts_fill_in_only_when_too_few_are_scored():
+    rewards = torch.tensor([[float("nan"), 0.4, float("nan"), 0.8]])
+    kept = select_extremes(rewards, 2).tolist()
+    assert kept == [[3, 1]]
+    kept = select_extremes(torch.tensor([[float("nan"), 0.4, float("nan"), 0.8, 0.1, float("nan")]]), 4)[0].tolist()
+    assert kept[:2] == [3, 1] and kept[-1] == 4  # best two and the worst scored one
+    assert kept[2] in (0, 2, 5)  # one unscored draft fills the fourth slot
 
 
 def test_all_nan_group_still_selects_distinct_seeds():

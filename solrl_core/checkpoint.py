@@ -1,0 +1,240 @@
+"""Checkpoints that let a run resume exactly where it stopped.
+
+One file, ``checkpoint.safetensors`` in the run's output directory, holds everything the next
+iteration depends on: the three LoRA adapters ("default", "old", "ema"), the AdamW state, the
+optimizer-step counter, the torch RNG states, the accumulated GPU-hours and, as JSON metadata, the
+next iteration, the resolved config, the base evaluation and how many ledger rows and metrics lines
+belong to it. It is written to a temporary file, flushed to disk and renamed into place, so a crash
+at any moment leaves either the previous checkpoint or the new one, never half of one.
+
+The ledger and metrics are appended before the checkpoint of their iteration is written; a run
+killed in between leaves rows of an iteration the checkpoint does not cover. Resuming drops them
+(the resumed run writes them again, identically) and checks that what remains is exactly what the
+checkpoint recorded.
+
+Everything else a run needs is a pure function of the config and these tensors: seeds, prompts,
+noises and training timesteps derive from hashed seeds, and the explorer is requantized from the
+"old" adapter on load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from solrl_core import faults
+from solrl_core.config import Config, ConfigError, from_dict, set_key, to_dict
+from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines, read_metrics
+
+CHECKPOINT = "checkpoint.safetensors"
+FORMAT = 1
+_ADAPTERS, _OPTIMIZER, _RNG = "adapters/", "optimizer/", "rng/"
+# Keys a resumed run may change: how long it runs and whether it draws progress bars.
+RESUMABLE_CHANGES = ("iterations", "progress")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from; the message says why and what to do."""
+
+
+class NonFiniteState(RuntimeError):
+    """A non-finite value in the weights or optimizer state: never written to a checkpoint."""
+
+
+@dataclass
+class Checkpoint:
+    next_iteration: int
+    optimizer_steps: int
+    config: dict
+    base_eval: dict[str, float]
+    gpu_hours: dict[str, float | None]
+    ledger_rows: int
+    metrics_lines: int
+    tensors: dict[str, torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[str, float]) -> Path:
+    """Write the checkpoint after ``next_iteration - 1`` (0: after the base evaluation)."""
+    from safetensors.torch import save_file
+
+    from solrl_core.accounting import accountant_for
+    from solrl_core.models.adapters import adapter_state
+
+    tensors = {f"{_ADAPTERS}{k}": v for k, v in adapter_state(state.policy.transformer).items()}
+    optimizer_tensors, param_groups = _optimizer_tensors(state.optimizer)
+    tensors.update(optimizer_tensors)
+    tensors.update(_rng_tensors())
+    require_finite(tensors)
+    accountant = accountant_for(state)
+    metadata = {
+        "format": FORMAT, "next_iteration": next_iteration, "optimizer_steps": state.optimizer_steps,
+        "config": to_dict(state.config), "base_eval": base_eval, "param_groups": param_groups,
+        "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
+                      "measured_cumulative": accountant.measured_cumulative},
+        "ledger_rows": _ledger_rows(out_dir), "metrics_lines": len(read_metrics(out_dir / METRICS_FILE)),
+    }
+    path = out_dir / CHECKPOINT
+
+    def write(temporary: str) -> None:
+        save_file(tensors, temporary, metadata={"solrl": json.dumps(metadata)})
+        faults.point("checkpoint")  # written in full, not yet in place
+
+    atomic_write(path, write)
+    return path
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+    state_dict = optimizer.state_dict()
+    tensors = {}
+    for index, per_parameter in state_dict["state"].items():
+        for name, value in per_parameter.items():
+            if not torch.is_tensor(value):
+                raise CheckpointError(f"optimizer state '{name}' is not a tensor; only tensor state is checkpointed")
+            tensors[f"{_OPTIMIZER}{index}/{name}"] = value.detach().cpu().contiguous()
+    return tensors, state_dict["param_groups"]
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {f"{_RNG}cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for device, rng in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"{_RNG}cuda/{device}"] = rng
+    return tensors
+
+
+def require_finite(tensors: dict[str, torch.Tensor]) -> None:
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise NonFiniteState(f"{key} holds a non-finite value; the last good checkpoint is kept")
+
+
+def _ledger_rows(out_dir: Path) -> int:
+    path = out_dir / LEDGER_FILE
+    return pl.scan_parquet(path).select(pl.len()).collect().item() if path.exists() else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and resuming
+
+
+def read_metadata(out_dir: Path) -> dict:
+    """The checkpoint's metadata (cheap: the tensors are not read)."""
+    from safetensors import safe_open
+
+    path = out_dir / CHECKPOINT
+    if not out_dir.is_dir():
+        raise CheckpointError(f"cannot resume: {out_dir} is not a directory")
+    if not path.is_file():
+        raise CheckpointError(f"cannot resume: {out_dir} has no {CHECKPOINT} (a run writes one after its base "
+                              "evaluation); start a new run instead")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = json.loads((handle.metadata() or {})["solrl"])
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise CheckpointError(f"cannot resume: {path} is not a readable Sol-RL checkpoint ({error})") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"cannot resume: {path} has format {metadata.get('format')}, this version reads {FORMAT}")
+    return metadata
+
+
+def load_checkpoint(out_dir: Path) -> Checkpoint:
+    from safetensors.torch import load_file
+
+    metadata = read_metadata(out_dir)
+    return Checkpoint(next_iteration=metadata["next_iteration"], optimizer_steps=metadata["optimizer_steps"],
+                      config=metadata["config"], base_eval=metadata["base_eval"], gpu_hours=metadata["gpu_hours"],
+                      ledger_rows=metadata["ledger_rows"], metrics_lines=metadata["metrics_lines"],
+                      tensors=load_file(str(out_dir / CHECKPOINT)) | {"_param_groups": metadata["param_groups"]})
+
+
+def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
+    """The checkpointed run's config with the user's overrides, which may only extend or shorten
+    the run (``iterations``) or toggle progress bars: anything else would not be a continuation."""
+    metadata = read_metadata(out_dir)
+    saved = from_dict(metadata["config"])
+    config = from_dict(metadata["config"])
+    for key, value in overrides:
+        set_key(config, key, value)
+    changed = [key for key in _changed_keys(to_dict(saved), to_dict(config)) if key not in RESUMABLE_CHANGES]
+    if changed:
+        raise ConfigError(f"--resume continues the checkpointed config; these overrides would change it: "
+                          f"{', '.join(changed)} (only {', '.join(RESUMABLE_CHANGES)} may change)")
+    if config.iterations < metadata["next_iteration"]:
+        raise ConfigError(f"iterations ({config.iterations}) is below the {metadata['next_iteration']} "
+                          f"iterations the checkpoint has already run")
+    from solrl_core.config import validate
+
+    return validate(config)
+
+
+def _changed_keys(before: dict, after: dict, prefix: str = "") -> list[str]:
+    changed = []
+    for key in after:
+        if isinstance(after[key], dict) and isinstance(before.get(key), dict) and key not in ("rewards", "reward_paths"):
+            changed.extend(_changed_keys(before[key], after[key], f"{prefix}{key}."))
+        elif before.get(key) != after[key]:
+            changed.append(f"{prefix}{key}")
+    return changed
+
+
+def restore(state, checkpoint: Checkpoint) -> None:
+    """Put the checkpointed adapters, optimizer state, counters and RNG states into a fresh run state."""
+    from solrl_core.accounting import accountant_for
+    from solrl_core.models.adapters import load_adapter_state
+
+    tensors = checkpoint.tensors
+    load_adapter_state(state.policy.transformer,
+                       {k.removeprefix(_ADAPTERS): v for k, v in tensors.items() if k.startswith(_ADAPTERS)})
+    optimizer_state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith(_OPTIMIZER):
+            index, name = key.removeprefix(_OPTIMIZER).split("/", 1)
+            optimizer_state.setdefault(int(index), {})[name] = value
+    state.optimizer.load_state_dict({"state": optimizer_state, "param_groups": tensors["_param_groups"]})
+    state.optimizer_steps = checkpoint.optimizer_steps
+    torch.set_rng_state(tensors[f"{_RNG}cpu"])
+    cuda_states = sorted(k for k in tensors if k.startswith(f"{_RNG}cuda/"))
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda_states])
+    accountant = accountant_for(state)
+    accountant.modeled_cumulative = checkpoint.gpu_hours["modeled_cumulative"]
+    accountant.measured_cumulative = checkpoint.gpu_hours["measured_cumulative"]
+
+
+def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
+    """Drop ledger rows and metrics lines of iterations after the checkpoint; return the metrics
+    records that remain. Raises when what remains is not what the checkpoint recorded."""
+    ledger_path, metrics_path = out_dir / LEDGER_FILE, out_dir / METRICS_FILE
+    if ledger_path.exists():
+        ledger = pl.read_parquet(ledger_path)
+        kept = ledger.filter(pl.col("iteration") < checkpoint.next_iteration)
+        if kept.height != ledger.height:
+            atomic_write(ledger_path, lambda temporary: kept.write_parquet(temporary))
+    rows = _ledger_rows(out_dir)
+    records = [r for r in read_metrics(metrics_path) if r["iteration"] < checkpoint.next_iteration]
+    if rows != checkpoint.ledger_rows or len(records) != checkpoint.metrics_lines:
+        raise CheckpointError(
+            f"cannot resume: {out_dir} has {rows} ledger rows and {len(records)} metrics lines up to iteration "
+            f"{checkpoint.next_iteration - 1}, the checkpoint recorded {checkpoint.ledger_rows} and "
+            f"{checkpoint.metrics_lines}: the outputs were changed outside the run")
+    lines = metrics_lines(metrics_path)
+    kept_lines = [line for line in lines if json.loads(line)["iteration"] < checkpoint.next_iteration]
+    if len(kept_lines) != len(lines):
+        text = "".join(line + "\n" for line in kept_lines)
+        atomic_write(metrics_path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
+    return records
+
+
+def discard_temporaries(out_dir: Path) -> None:
+    """Remove temporary files a killed run left behind (``.<name>.<random>`` beside each output)."""
+    for name in (CHECKPOINT, *RUN_OUTPUTS):
+        for leftover in out_dir.glob(f".{name}.*"):
+            leftover.unlink(missing_ok=True)

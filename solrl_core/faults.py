@@ -1,0 +1,88 @@
+"""Fault injection for the reliability tests: named points in the run where a test can make the
+process die or fail, so that resume and error handling are tested on the real code path.
+
+``SOLRL_FAULT="ACTION@POINT:ITERATION[,ACTION@POINT:ITERATION...]"``, read once per process:
+
+* ``kill``   SIGKILL this process (nothing gets to clean up, as with an OOM kill or a lost node);
+* ``raise``  raise :class:`InjectedFault` every time the point is reached in that iteration;
+* ``raise-once``  raise the first time only (a transient failure: a retry succeeds);
+* ``enospc`` raise ``OSError(ENOSPC)`` (a full disk) at a write point.
+
+Points (see the ``faults.point`` calls): ``explore`` (pool sampled, not yet scored), ``update``
+(between optimizer steps), ``ledger`` (ledger written, metrics and checkpoint not yet),
+``checkpoint`` (checkpoint's temporary file written, not yet renamed into place), and
+``write:<file name>`` (a temporary file of that output half-written).
+
+Unset (the normal case) every point is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from dataclasses import dataclass
+
+ENVIRONMENT = "SOLRL_FAULT"
+ACTIONS = ("kill", "raise", "raise-once", "enospc")
+
+
+class InjectedFault(RuntimeError):
+    """The failure a ``raise`` fault injects."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    point: str
+    iteration: int
+
+
+def parse(text: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        action, _, rest = item.partition("@")
+        point, _, iteration = rest.rpartition(":")
+        if action not in ACTIONS or not point or not iteration.lstrip("-").isdigit():
+            raise ValueError(f"{ENVIRONMENT}: '{item}' is not ACTION@POINT:ITERATION with ACTION in {ACTIONS}")
+        faults.append(Fault(action, point, int(iteration)))
+    return faults
+
+
+_current_iteration = -1
+_fired: set[Fault] = set()
+_faults: list[Fault] | None = None
+
+
+def at_iteration(iteration: int) -> None:
+    """The training loop says which iteration it is in (-1: set-up and the base evaluation)."""
+    global _current_iteration
+    _current_iteration = iteration
+
+
+def point(name: str) -> None:
+    """A place where an injected fault may strike; does nothing unless SOLRL_FAULT names it."""
+    global _faults
+    if _faults is None:
+        _faults = parse(os.environ.get(ENVIRONMENT, ""))
+    for fault in _faults:
+        if fault.point == name and fault.iteration == _current_iteration:
+            _strike(fault)
+
+
+def _strike(fault: Fault) -> None:
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.action == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if fault.action == "raise-once" and fault in _fired:
+        return
+    _fired.add(fault)
+    raise InjectedFault(f"injected fault at {fault.point} in iteration {fault.iteration}")
+
+
+def reset() -> None:
+    """Forget parsed faults and what fired (tests that change SOLRL_FAULT in one process)."""
+    global _faults, _current_iteration
+    _faults, _current_iteration = None, -1
+    _fired.clear()

@@ -1,0 +1,188 @@
+"""Kill a run with SIGKILL at several points of an iteration, resume it, and get exactly what a run
+that was never interrupted writes: the same ledger rows, metrics and adapter weights, bit for bit.
+
+Each run is a process of its own (tests/_run_process.py, or the `solrl` CLI with its Prefect flow);
+SOLRL_FAULT makes it kill itself at the named point (solrl_core/faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from solrl_core.checkpoint import CHECKPOINT, read_metadata
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ITERATIONS = 4
+# Two optimizer steps per iteration (the preset's) so that "update" can strike between them.
+SMALL = ["prompts_per_iteration=2", "pool=8", "keep=4", "eval.prompts=2", "eval.seeds_per_prompt=2", "eval.steps=4",
+         "eval.every=2", "explore.steps=3", "regenerate.steps=4", "train.micro_batch=64", "train.steps_per_iteration=2",
+         "progress=false", f"iterations={ITERATIONS}"]
+# Keys of a metrics record that are wall-clock measurements, not results.
+TIMING = ("seconds",)
+
+
+def run_process(out: Path, *extra: str, fault: str | None = None, resume: bool = False) -> int:
+    environment = {**os.environ, "SOLRL_FAULT": fault or ""}
+    command = [sys.executable, str(ROOT / "tests" / "_run_process.py"), str(out), *(["--resume"] if resume else []),
+               *SMALL, *extra]
+    return subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, text=True, timeout=900).returncode
+
+
+def run_cli(*arguments: str, log: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    """`solrl run` in its own process group, its output in files: a SIGKILLed CLI leaves Prefect's
+    ephemeral server process behind (holding any pipe open), which the group kill then stops."""
+    environment = {**os.environ, "SOLRL_FAULT": fault or ""}
+    stdout, stderr = log.with_suffix(".out"), log.with_suffix(".err")
+    with stdout.open("w") as out, stderr.open("w") as err:
+        process = subprocess.Popen([sys.executable, "-m", "solrl_core.cli", "run", *arguments], env=environment,
+                                   cwd=ROOT, stdout=out, stderr=err, start_new_session=True)
+        try:
+            process.wait(timeout=900)
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout.read_text(), stderr.read_text())
+
+
+def outputs(out: Path) -> dict:
+    metrics = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+               for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    return {"ledger": pl.read_parquet(out / "ledger.parquet"), "metrics": metrics,
+            "lora": load_file(str(out / "lora.safetensors")), "checkpoint": load_file(str(out / CHECKPOINT)),
+            "evaluations": summary["evaluations"], "final": summary["eval_reward_final"]}
+
+
+def assert_identical(resumed: dict, reference: dict) -> None:
+    assert resumed["ledger"].equals(reference["ledger"], null_equal=True)
+    assert resumed["metrics"] == reference["metrics"]
+    assert resumed["evaluations"] == reference["evaluations"] and resumed["final"] == reference["final"]
+    for name in ("lora", "checkpoint"):
+        assert resumed[name].keys() == reference[name].keys()
+        different = [key for key in reference[name] if not torch.equal(resumed[name][key], reference[name][key])]
+        assert not different, f"{name}: {different[:3]}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    assert run_process(out) == 0
+    return outputs(out)
+
+
+# (fault point, iteration): where in the run the process is killed.
+KILL_POINTS = [
+    ("explore", 1),  # mid-explore: the pool is sampled, not yet scored
+    ("update", 2),  # mid-update: between the iteration's two optimizer steps
+    ("ledger", 1),  # the iteration's ledger rows are written, its metrics and checkpoint are not
+    ("write:metrics.jsonl", 3),  # the metrics file's temporary copy is half done (last iteration)
+    ("checkpoint", 2),  # the checkpoint's temporary file is written in full, not yet renamed
+]
+
+
+@pytest.mark.parametrize(("point", "iteration"), KILL_POINTS, ids=[f"{p}@{i}" for p, i in KILL_POINTS])
+def test_killed_run_resumes_bit_identical(reference, tmp_path, point, iteration):
+    out = tmp_path / "run"
+    assert run_process(out, fault=f"kill@{point}:{iteration}") == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+    # The checkpoint on disk is the last complete one: never past the iteration the kill struck in.
+    assert read_metadata(out)["next_iteration"] <= iteration
+    assert run_process(out, resume=True) == 0
+    assert_identical(outputs(out), reference)
+    assert not list(out.glob(".*")), "the resumed run leaves no temporary files behind"
+
+
+def test_killed_before_the_first_checkpoint_has_nothing_to_resume(tmp_path, capsys):
+    from solrl_core.cli import main
+
+    out = tmp_path / "run"
+    assert run_process(out, fault="kill@write:checkpoint.safetensors:-1") == -signal.SIGKILL
+    code = main(["run", "--resume", str(out), "--no-tracking"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert "no checkpoint.safetensors" in err and "start a new run" in err
+
+
+def test_cli_run_killed_mid_explore_resumes_through_the_prefect_flow(reference, tmp_path):
+    """The user's path: `solrl run` (the Prefect flow) killed, then `solrl run --resume DIR`; the
+    result equals the uninterrupted run of the plain loop, so the flow adds nothing to the numbers."""
+    out = tmp_path / "run"
+    arguments = ["--preset", "shapes-tiny", "--family", "sol_rl", "--no-tracking", *[f"-S{o}" for o in SMALL]]
+    killed = run_cli("--out", str(out), *arguments, log=tmp_path / "killed", fault="kill@explore:2")
+    assert killed.returncode == -signal.SIGKILL
+    assert read_metadata(out)["next_iteration"] == 2
+    resumed = run_cli("--resume", str(out), "--no-tracking", log=tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    assert_identical(outputs(out), reference)
+
+
+def test_a_finished_run_extends_like_a_longer_run(reference, tmp_path):
+    """-S iterations=N on --resume continues a finished run; its first iterations are the shorter
+    run's, so a longer budget never means starting over."""
+    out = tmp_path / "run"
+    assert run_process(out, f"iterations={ITERATIONS - 2}") == 0
+    assert run_process(out, resume=True) == 0  # the SMALL overrides carry iterations=4
+    extended = outputs(out)
+    assert extended["ledger"].equals(reference["ledger"], null_equal=True)
+    assert extended["metrics"][-1] == reference["metrics"][-1]
+    assert all(torch.equal(extended["lora"][key], value) for key, value in reference["lora"].items())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_process(out, "iterations=1") == 0
+    return out
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    (["-S", "pool=16"], "these overrides would change it: pool"),
+    (["-S", "train.lr=1e-2", "-S", "seed=3"], "would change it: seed, train.lr"),
+    (["--preset", "flux-imagereward"], "is preset 'shapes-tiny', not 'flux-imagereward'"),
+    (["--family", "diffusionnft"], "is family 'sol_rl', not 'diffusionnft'"),
+    (["--out", "elsewhere"], "leave out --out"),
+], ids=["changed-key", "changed-keys", "other-preset", "other-family", "with-out"])
+def test_resume_refuses_a_different_run_in_one_line(finished_run, capsys, arguments, expected):
+    from solrl_core.cli import main
+
+    before = sorted(p.name for p in finished_run.iterdir())
+    code = main(["run", "--resume", str(finished_run), "--no-tracking", *arguments])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("solrl: error:") and err.count("\n") == 0
+    assert expected in err
+    assert sorted(p.name for p in finished_run.iterdir()) == before
+
+
+def test_resume_refuses_a_damaged_checkpoint_or_ledger(finished_run, tmp_path, capsys):
+    import shutil
+
+    from solrl_core.cli import main
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    data = (damaged / CHECKPOINT).read_bytes()
+    (damaged / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    assert main(["run", "--resume", str(damaged), "--no-tracking"]) == 2
+    assert "not a readable Sol-RL checkpoint" in capsys.readouterr().err
+
+    edited = tmp_path / "edited"
+    shutil.copytree(finished_run, edited)
+    ledger = pl.read_parquet(edited / "ledger.parquet")
+    ledger.head(ledger.height - 1).write_parquet(edited / "ledger.parquet")
+    assert main(["run", "--resume", str(edited), "--no-tracking", "-S", "iterations=2"]) == 2
+    assert "changed outside the run" in capsys.readouterr().err
