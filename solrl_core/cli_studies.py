@@ -70,6 +70,13 @@ def _name_list(text: str, flag: str, allowed) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def _one_value_each(args: argparse.Namespace) -> None:
+    """argparse (3.11) reads ``--opt=--`` as an empty list of values; every option here takes one."""
+    for name, value in vars(args).items():
+        if isinstance(value, list) and name != "overrides":
+            raise ConfigError(f"--{name.replace('_', '-')} needs a value")
+
+
 def _count(value: int, flag: str, least: int, why: str = "") -> int:
     if not least <= value <= MAX_COUNT:
         raise ConfigError(f"{flag} ({value}) must be from {least} to {MAX_COUNT}{why}")
@@ -124,6 +131,7 @@ def command_fidelity(args: argparse.Namespace) -> int:
     from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
     from solrl_core.quant.explorer import BACKENDS
 
+    _one_value_each(args)
     steps = _int_list(args.explore_steps, "--explore-steps")
     backends = _name_list(args.backend, "--backend", BACKENDS)
     _count(args.prompts, "--prompts", 1)
@@ -152,6 +160,7 @@ def command_compare(args: argparse.Namespace) -> int:
     from solrl_core.presets import FAMILIES
     from solrl_core.report_readme import write_readme
 
+    _one_value_each(args)
     out = _output_path(args.out, "--out", directory=True)
     if args.readme_only:
         if not out.is_dir():

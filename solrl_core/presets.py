@@ -175,13 +175,13 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
     config = Config()
     if base:
         apply_mapping(config, base)
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset '{preset}'; allowed: {', '.join(PRESETS)}")
+    if not isinstance(preset, str) or preset not in PRESETS:  # argparse reads --preset=-- as []
+        raise ConfigError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     config.preset = preset
     apply_mapping(config, PRESETS[preset]["settings"])
     family = config.family if family is None else family
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown family '{family}'; allowed: {', '.join(FAMILIES)}")
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise ConfigError(f"unknown family {family!r}; allowed: {', '.join(FAMILIES)}")
     config.family = family
     apply_mapping(config, FAMILIES[family])
     for key, value in overrides or []:
