@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from solrl_core.config import Config, to_dict
-from solrl_core.selection import average_ranks, kendall_tau, spearman
+from solrl_core.selection import average_ranks, kendall_tau, rank_order, spearman
 
 TOP_K = (4, 8, 12)
 TAIL = 12  # the paper's K/2 at K = 24: the kept best and kept worst halves
@@ -84,9 +84,8 @@ def ranking_metrics(proxy: torch.Tensor, truth: torch.Tensor, ks: Sequence[int] 
 
 def proxy_order(proxy: torch.Tensor) -> torch.Tensor:
     """Each group's seeds from best to worst by the proxy: the rank stage's order (select_extremes
-    keeps the head and the tail of it): stable, so ties stay in seed order, and NaN ranks worst."""
-    clean = torch.nan_to_num(proxy.double(), nan=-math.inf)
-    return torch.sort(clean, dim=1, descending=True, stable=True).indices
+    keeps the head and the tail of it), unscored drafts in the middle as in training."""
+    return rank_order(proxy)
 
 
 def reference_ranks(pool: int, tail: int = TAIL) -> dict:

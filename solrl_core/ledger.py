@@ -111,7 +111,7 @@ def atomic_write(path: Path, write) -> None:
         os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.filename is None:
+        if isinstance(error, OSError) and error.errno is not None and error.filename is None:
             error.filename = str(path)  # the output that could not be written, for the one-line error
         raise
     fsync_directory(path.parent)

@@ -22,16 +22,22 @@ def select_extremes(rewards: torch.Tensor, keep: int) -> torch.Tensor:
     if keep == pool:
         return torch.arange(pool).expand(groups, pool).clone()
     half = keep // 2
-    return torch.stack([_extremes_of_group(group, half) for group in rewards.double()])
+    order = rank_order(rewards)
+    return torch.cat([order[:, :half], order[:, pool - half:]], dim=1)
 
 
-def _extremes_of_group(rewards: torch.Tensor, half: int) -> torch.Tensor:
+def rank_order(rewards: torch.Tensor) -> torch.Tensor:
+    """[P, N] each group's seeds from best to worst, the order select_extremes keeps the head and
+    tail of: a stable sort (ties stay in seed order), non-finite rewards in the middle."""
+    return torch.stack([_order_of_group(group) for group in rewards.double()])
+
+
+def _order_of_group(rewards: torch.Tensor) -> torch.Tensor:
     finite = torch.isfinite(rewards)
     scored = torch.nonzero(finite).flatten()
     order = scored[torch.sort(rewards[scored], descending=True, stable=True).indices]
     middle = (order.numel() + 1) // 2
-    ranked = torch.cat([order[:middle], torch.nonzero(~finite).flatten(), order[middle:]])
-    return torch.cat([ranked[:half], ranked[ranked.numel() - half:]])
+    return torch.cat([order[:middle], torch.nonzero(~finite).flatten(), order[middle:]])
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:

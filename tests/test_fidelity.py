@@ -67,7 +67,7 @@ def test_ties_in_the_truth_do_not_penalise_a_perfect_proxy():
 
 def test_picks_follow_the_rank_stage():
     proxy = distinct_truth(groups=4, pool=20, seed=3).float()
-    proxy[1, 5] = float("nan")  # a failed score ranks worst, as in training
+    proxy[1, 5] = float("nan")  # an unscored draft sits in the middle, as in training
     order = proxy_order(proxy)
     kept = select_extremes(proxy, 8)
     assert torch.equal(order[:, :4], kept[:, :4]) and torch.equal(order[:, -4:], kept[:, 4:])
