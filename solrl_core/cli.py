@@ -117,7 +117,7 @@ def command_run(args: argparse.Namespace) -> int:
         raise UserError(str(missing)) from None
     except (UserError, ConfigError, CheckpointError):
         raise
-    except RUN_FAILURES as failure:
+    except Exception as failure:  # noqa: BLE001 - a stage failing past its retries, a full disk, a non-finite weight
         if os.environ.get("SOLRL_TRACEBACK"):  # for bug reports: the full story on stderr
             import traceback
 
@@ -131,11 +131,6 @@ def command_run(args: argparse.Namespace) -> int:
 
 class RunFailed(Exception):
     """A run that started and then failed (exit code 1): the message says where it can resume."""
-
-
-# What stops a started run: a stage that failed past its retries, a full disk, a non-finite
-# weight. Each leaves the last good checkpoint in place.
-RUN_FAILURES = (Exception,)
 
 
 def new_output_directory(text: str) -> Path:
