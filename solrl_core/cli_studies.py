@@ -128,7 +128,6 @@ def _model_errors():
 
 
 def command_fidelity(args: argparse.Namespace) -> int:
-    from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
     from solrl_core.quant.explorer import BACKENDS
 
     _one_value_each(args)
@@ -140,6 +139,10 @@ def command_fidelity(args: argparse.Namespace) -> int:
     overrides = [parse_override(text) for text in args.overrides]
     config = _resolve(args.preset, "sol_rl", overrides)
     _check_backends_available(backends)
+    # Imported once the arguments are known to be good: in a fresh process the sampling stack's
+    # imports print warnings, which must not precede a one-line error.
+    from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
+
     plan = FidelityPlan(prompts=args.prompts, pool=args.pool, explore_steps=tuple(steps), backends=tuple(backends))
     try:
         report = run_fidelity(config, plan, out=out)
@@ -156,9 +159,7 @@ def command_fidelity(args: argparse.Namespace) -> int:
 
 def command_compare(args: argparse.Namespace) -> int:
     from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
-    from solrl_core.compare import run_comparison
     from solrl_core.presets import FAMILIES
-    from solrl_core.report_readme import write_readme
 
     _one_value_each(args)
     out = _output_path(args.out, "--out", directory=True)
@@ -167,6 +168,8 @@ def command_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--out {out} does not exist; run the comparison first")
         if not any(any(out.glob(pattern)) for pattern in REPORTS):
             raise ConfigError(f"--out {out} holds none of {', '.join(REPORTS)}; run the comparison first")
+        from solrl_core.report_readme import write_readme
+
         print(f"wrote {write_readme(out)}")
         return 0
     budget = args.budget_gpu_hours
@@ -186,6 +189,11 @@ def command_compare(args: argparse.Namespace) -> int:
         variants = {family: _resolve(args.preset, family, overrides)
                     for family in _name_list(args.families, "--families", FAMILIES)}
     command = _command_line(args)
+    # Imported once the arguments are known to be good: in a fresh process the training stack's
+    # imports (torchao) print warnings, which must not precede a one-line error.
+    from solrl_core.compare import run_comparison
+    from solrl_core.report_readme import write_readme
+
     try:
         report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command)
     except _model_errors() as missing:
