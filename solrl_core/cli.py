@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from solrl_core.checkpoint import CheckpointError
-from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands
-from solrl_core.config import ConfigError, config_keys, parse_override, to_yaml
+from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path
+from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 
 USER_ERROR = 2
@@ -77,7 +77,9 @@ def resolve_from_args(args: argparse.Namespace):
     overrides = [parse_override(text) for text in args.overrides]
     if getattr(args, "iterations", None) is not None:
         overrides.append(("iterations", args.iterations))
-    return resolve_config(args.preset or "shapes-tiny", args.family or "sol_rl", overrides)
+    # None is "not given"; an empty name is an error resolve_config reports, not the default.
+    return resolve_config("shapes-tiny" if args.preset is None else args.preset,
+                          "sol_rl" if args.family is None else args.family, overrides)
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -86,6 +88,7 @@ def command_run(args: argparse.Namespace) -> int:
             raise UserError("--resume DIR continues the run in DIR; leave out --out")
         from flows.solrl import resumed
 
+        output_path(args.resume, "--resume", directory=True)  # a path that names no place: one line
         config, out_dir = resumed(args.resume, args.preset, args.family, args.iterations, args.overrides)
     else:
         if not args.out:
@@ -134,9 +137,7 @@ class RunFailed(Exception):
 
 
 def new_output_directory(text: str) -> Path:
-    out_dir = Path(text).expanduser().resolve()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file, not a directory; choose a new directory")
+    out_dir = output_path(text, "--out", directory=True)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"output directory {out_dir} is not empty; choose a new --out (or --resume it)")
     return out_dir
@@ -185,6 +186,9 @@ def command_config(args: argparse.Namespace) -> int:
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
+    if args.steps is not None and args.steps < 1:  # checked before the model stack is imported
+        raise UserError(f"--steps ({args.steps}) must be >= 1")
+    out = output_path(args.out, "--out", directory=False, kind="checkpoint file") if args.out else None
     from dataclasses import replace
 
     from solrl_core.models.shapes_tiny import CHECKPOINT
@@ -192,10 +196,8 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
     settings = PretrainSettings()
     if args.steps is not None:
-        if args.steps < 1:
-            raise UserError(f"--steps ({args.steps}) must be >= 1")
         settings = replace(settings, steps=args.steps)
-    out = Path(args.out).expanduser().resolve() if args.out else CHECKPOINT
+    out = out or CHECKPOINT
     record = pretrain(out, settings)
     print(f"pretrained in {record['seconds']}s, final loss {record['final_loss']:.4f}; wrote {out}")
     return 0
@@ -209,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, value)
     try:
         args = build_parser().parse_args(argv)
+        one_value_each(args)
         return COMMANDS[args.command](args)
     except (UserError, ConfigError, CheckpointError) as error:
-        print(f"solrl: error: {error}", file=sys.stderr)
+        print(f"solrl: error: {one_line(str(error))}", file=sys.stderr)
         return USER_ERROR
     except RunFailed as failure:
-        print(f"solrl: error: {failure}", file=sys.stderr)
+        print(f"solrl: error: {one_line(str(failure))}", file=sys.stderr)
         return RUN_FAILED
     except KeyboardInterrupt:
         print("solrl: interrupted", file=sys.stderr)

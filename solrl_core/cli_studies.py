@@ -70,7 +70,7 @@ def _name_list(text: str, flag: str, allowed) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-def _one_value_each(args: argparse.Namespace) -> None:
+def one_value_each(args: argparse.Namespace) -> None:
     """argparse (3.11) reads ``--opt=--`` as an empty list of values; every option here takes one."""
     for name, value in vars(args).items():
         if isinstance(value, list) and name != "overrides":
@@ -83,10 +83,10 @@ def _count(value: int, flag: str, least: int, why: str = "") -> int:
     return value
 
 
-def _output_path(text: str, flag: str, directory: bool) -> Path:
+def output_path(text: str, flag: str, directory: bool, kind: str | None = None) -> Path:
     """``--out`` resolved and checked before any work: a path that cannot name a place (``~nosuchuser``,
     too long), a file where a directory goes (or the reverse), or a file on the way is one line."""
-    kind = "directory" if directory else "JSON file"
+    kind = kind or ("directory" if directory else "JSON file")
     try:
         out = Path(text).expanduser().resolve()
         exists, is_dir = out.exists(), out.is_dir()
@@ -130,12 +130,12 @@ def _model_errors():
 def command_fidelity(args: argparse.Namespace) -> int:
     from solrl_core.quant.explorer import BACKENDS
 
-    _one_value_each(args)
+    one_value_each(args)
     steps = _int_list(args.explore_steps, "--explore-steps")
     backends = _name_list(args.backend, "--backend", BACKENDS)
     _count(args.prompts, "--prompts", 1)
     _count(args.pool, "--pool", 2, ": a ranking needs two seeds")
-    out = _output_path(args.out, "--out", directory=False)
+    out = output_path(args.out, "--out", directory=False)
     overrides = [parse_override(text) for text in args.overrides]
     config = _resolve(args.preset, "sol_rl", overrides)
     _check_backends_available(backends)
@@ -161,8 +161,8 @@ def command_compare(args: argparse.Namespace) -> int:
     from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
     from solrl_core.presets import FAMILIES
 
-    _one_value_each(args)
-    out = _output_path(args.out, "--out", directory=True)
+    one_value_each(args)
+    out = output_path(args.out, "--out", directory=True)
     if args.readme_only:
         if not out.is_dir():
             raise ConfigError(f"--out {out} does not exist; run the comparison first")

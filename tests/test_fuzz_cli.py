@@ -341,7 +341,7 @@ OPTIONS = sorted({option for parser in [build_parser()] for action in parser._ac
 
 def _one_line(text: str) -> bool:
     """No line break of any kind in ``text``: argparse quotes an unknown argument raw, so one with a
-    line break gives two lines (a cli.py bug, pinned by an xfail test below, not fuzzed again)."""
+    line break gave two lines (a cli.py bug, now fixed and pinned by a test below)."""
     return len((text + "x").splitlines()) == 1
 
 
@@ -513,7 +513,7 @@ def test_broken_yaml_and_alias_bombs_exit_2(capsys, tmp_path, key, value):
        name=st.one_of(ANY_TEXT, UNICODE_WORDS, st.sampled_from(["flux", "shapes_tiny", "Shapes-Tiny", "sol-rl",
                                                                 "grpo", "SOL_RL", " sol_rl", "shapes-tiny "])))
 def test_unknown_presets_and_families_exit_2(capsys, tmp_path, flag, name):
-    assume(name not in ("", "--") and name not in PRESETS and name not in FAMILIES)  # both: an xfail below
+    assume(name not in ("", "--") and name not in PRESETS and name not in FAMILIES)  # both: pinned below
     check_invalid_everywhere(capsys, tmp_path, "unknown presets/families", [f"{flag}={name}"])
 
 
@@ -762,31 +762,20 @@ def test_fidelity_refuses_an_out_path_under_a_file(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bugs in solrl_core/cli.py (being edited elsewhere): the fixes are described in the Reliability
-# report; remove each marker once its fix lands.
-
-CLI_PY = "solrl_core/cli.py bug, fix described in the Reliability report (deliverable 3)"
+# Bugs the fuzzing found in solrl_core/cli.py, each pinned.
 
 
-@pytest.mark.xfail(strict=True, reason=f"{CLI_PY}: --out ~nosuchuser/.. raises RuntimeError, a too long "
-                                       "--out raises OSError (Path.expanduser/resolve/exists unguarded)")
 @pytest.mark.parametrize("out", ["~no-such-user-solrl/run", "x" * 5000])
 def test_cli_run_unusable_out_is_one_line(capsys, out):
     code, stdout, err = invoke(capsys, ["run", "--out", out])
     assert_user_error(code, stdout, err)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{CLI_PY}: argparse messages quote arguments raw, so a newline "
-                                       "in an unknown argument gives two lines")
 def test_cli_unknown_argument_with_newline_is_one_line(capsys):
     code, out, err = invoke(capsys, ["config", "--fo\no"])
     assert_user_error(code, out, err)
 
 
-# Not strict: the committed cli.py passes '' on (and resolve_config refuses it); the one being edited
-# turns it into the default.
-@pytest.mark.xfail(strict=False, reason=f"{CLI_PY}: `args.preset or 'shapes-tiny'` turns --preset '' "
-                                        "(and --family '') into the default instead of an error")
 @pytest.mark.parametrize("flag", ["--preset", "--family"])
 @pytest.mark.parametrize("value", ["", "--"])  # argparse (3.11) reads --preset=-- as [], falsy as well
 def test_cli_empty_preset_or_family_is_refused(capsys, flag, value):
