@@ -178,6 +178,16 @@ def _benchmark_section(report_dir: Path) -> str | None:
                      f"emulated quantization), modeled {rollout['modeled']:.2f}x; whole iteration measured "
                      f"{whole['measured']:.2f}x, modeled {whole['modeled']:.2f}x (paper: rollout 2.41x / 2.33x / 1.41x "
                      f"and iteration 1.61x / 1.62x / 1.25x on SD3.5-L / FLUX / SANA).")
+    overhead = _load(report_dir / "benchmarks" / "orchestration_overhead.json")
+    if overhead:
+        end, fixed = overhead["end_to_end"], overhead["fixed_cost"]
+        lines.append(f"\nOrchestration + tracking overhead per iteration (`orchestration_overhead.json`; "
+                     f"{overhead['pairs']} direct/flow pair(s) of {overhead['config']['iterations']} iterations, "
+                     f"{overhead['machine']['cpu_threads']} thread(s)): median iteration {end['direct_median_s']:.2f} s "
+                     f"calling the stages directly, {end['flow_median_s']:.2f} s as the Prefect flow with MLflow "
+                     f"logging: **{end['overhead_percent']:+.1f}%** (target 3%); the fixed cost alone (five task "
+                     f"calls + one MLflow log) {fixed['per_iteration_s'] * 1000:.0f} ms = "
+                     f"{fixed['overhead_percent_of_direct_iteration']:.2f}%.")
     return "\n".join(lines)
 
 
