@@ -18,5 +18,6 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         final = summary["eval_reward_final"][name]
         table.add_row(name, f"{base:.4f}", f"{final:.4f}", f"{final - base:+.4f}")
     console.print(table)
+    width = max(len(name) for name in summary["outputs"])
     for name, path in summary["outputs"].items():
-        console.print(f"  {name:16s} {path}")
+        console.print(f"  {name:{width}s} {path}", soft_wrap=True)  # a long path stays on its line
