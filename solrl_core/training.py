@@ -152,6 +152,25 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
             observer.on_resume(config, out_dir, checkpoint.base_eval, history)
     log(f"explorer: {quantize_report['backend']} on {quantize_report['quantized_layers']} Linear layers; "
         f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
+    base_eval, first = _starting_point(state, runner, observers, out_dir, checkpoint, log)
+    evaluations = [{"iteration": -1, **base_eval}]
+    evaluations += [{"iteration": record["iteration"], **record["eval"]} for record in history if "eval" in record]
+    for iteration in range(first, config.iterations):
+        evaluation = _train_one(state, iteration, out_dir, runner, observers, log, base_eval)
+        if evaluation is not None:
+            evaluations.append({"iteration": iteration, **evaluation})
+    summary = _summary(state, out_dir, evaluations, time.perf_counter() - started, checkpoint)
+    save_adapters(out_dir / LORA, state)
+    write_json(out_dir / SUMMARY, summary)
+    for observer in observers:
+        observer.on_end(summary)
+    return summary
+
+
+def _starting_point(state, runner, observers, out_dir: Path, checkpoint: Checkpoint | None,
+                    log: Callable[[str], None]) -> tuple[dict[str, float], int]:
+    """(base evaluation, first iteration to run): evaluated and checkpointed for a new run, read
+    from the checkpoint for a resumed one."""
     if checkpoint is None:
         base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
         save_checkpoint(out_dir, state, next_iteration=0, base_eval=base_eval)
@@ -160,37 +179,39 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
         base_eval, first = checkpoint.base_eval, checkpoint.next_iteration
         log(f"resumed from {out_dir / CHECKPOINT} before iteration {first} ({state.optimizer_steps} optimizer steps)")
     log("base      " + _format_rewards(base_eval))
-    evaluations = [{"iteration": -1, **base_eval}]
-    evaluations += [{"iteration": record["iteration"], **record["eval"]} for record in history if "eval" in record]
+    return base_eval, first
+
+
+def _train_one(state, iteration: int, out_dir: Path, runner, observers, log: Callable[[str], None],
+               base_eval: dict[str, float]) -> dict[str, float] | None:
+    """One iteration with its evaluation (when due), outputs and checkpoint; returns the evaluation."""
+    faults.at_iteration(iteration)
+    metrics = run_iteration(state, iteration, out_dir, runner)
+    if should_evaluate(state.config, iteration):
+        metrics["eval"] = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
+    append_jsonl(out_dir / METRICS, metrics)
+    for observer in observers:
+        observer.on_iteration(metrics)
+    log(_iteration_line(metrics))
+    if should_checkpoint(state.config, iteration):
+        save_checkpoint(out_dir, state, next_iteration=iteration + 1, base_eval=base_eval)
+    return metrics.get("eval")
+
+
+def _summary(state, out_dir: Path, evaluations: list[dict], seconds: float, checkpoint: Checkpoint | None) -> dict:
+    config = state.config
     final_eval = {k: v for k, v in evaluations[-1].items() if k != "iteration"}
-    for iteration in range(first, config.iterations):
-        faults.at_iteration(iteration)
-        metrics = run_iteration(state, iteration, out_dir, runner)
-        if should_evaluate(config, iteration):
-            final_eval = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
-            metrics["eval"] = final_eval
-            evaluations.append({"iteration": iteration, **final_eval})
-        append_jsonl(out_dir / METRICS, metrics)
-        for observer in observers:
-            observer.on_iteration(metrics)
-        log(_iteration_line(metrics))
-        if should_checkpoint(config, iteration):
-            save_checkpoint(out_dir, state, next_iteration=iteration + 1, base_eval=base_eval)
-    summary = {
+    return {
         "preset": config.preset, "family": config.family, "iterations": config.iterations,
-        "eval_reward_base": base_eval, "eval_reward_final": final_eval, "evaluations": evaluations,
-        "seconds": round(time.perf_counter() - started, 2),
+        "eval_reward_base": {k: v for k, v in evaluations[0].items() if k != "iteration"},
+        "eval_reward_final": final_eval, "evaluations": evaluations,
+        "seconds": round(seconds, 2),
         "resumed_from_iteration": checkpoint.next_iteration if checkpoint is not None else None,
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
         "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT)},
         "config": to_dict(config),
     }
-    save_adapters(out_dir / LORA, state)
-    write_json(out_dir / SUMMARY, summary)
-    for observer in observers:
-        observer.on_end(summary)
-    return summary
 
 
 def _rewind(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
