@@ -16,6 +16,7 @@ non-finite weight):
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -250,11 +251,20 @@ def test_a_full_disk_stops_the_run_with_its_last_good_state_and_resume_continues
     assert finite_lora(out)
 
 
-def test_an_unwritable_output_directory_is_one_line_before_anything_runs(flaky, tmp_path, capsys):
+def test_an_output_directory_under_a_file_is_one_line_before_anything_runs(flaky, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     assert run(blocker / "run") == 2
     err = one_error_line(capsys)
-    assert "cannot write to output directory" in err
+    assert "is a file, so nothing can be written under it" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
     assert flaky.calls == 0, "nothing ran"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nobody (root included) can write")
+def test_an_unwritable_output_directory_is_one_line_before_anything_runs(flaky, capsys):
+    out = Path("/proc/solrl-test-run")
+    assert run(out) == 2
+    err = one_error_line(capsys)
+    assert f"cannot write to output directory {out}" in err
+    assert not out.exists() and flaky.calls == 0, "nothing created, nothing ran"
