@@ -27,6 +27,7 @@ from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.models.adapters import OLD, active_adapter  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
 from solrl_core.quant.explorer import build_explorer  # noqa: E402
+from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 
 BACKENDS = ("emulated-nvfp4", "fp8")
 
@@ -37,13 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="reports/benchmarks/explorer_forward.json")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's); 1 on a shared machine, where spinning threads "
-                             "of several processes make every op wait")
+    add_threads_option(parser)
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
 
     config = resolve_config(args.preset, "sol_rl", [parse_override(o) for o in args.overrides] + [("progress", False)])
     state = stages.initial_state(config)

@@ -25,6 +25,7 @@ from solrl_core.config import parse_override  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
 from solrl_core.training import run_iteration  # noqa: E402
+from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 
 FAMILIES = ("sol_rl", "naive_scaling")
 ROLLOUT = ("explore", "rank", "regenerate")
@@ -35,13 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="shapes-tiny")
     parser.add_argument("--repeats", type=int, default=1, help="iterations per family, alternating")
     parser.add_argument("--out", default="reports/benchmarks/iteration_stages.json")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's); 1 on a shared machine, where spinning threads "
-                             "of several processes make every op wait")
+    add_threads_option(parser)
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
 
     overrides = [parse_override(o) for o in args.overrides] + [("progress", False)]
     states = {}

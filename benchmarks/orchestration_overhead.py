@@ -43,6 +43,7 @@ from solrl_core.config import parse_override  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
 from solrl_core.tracking import MlflowObserver  # noqa: E402
 from solrl_core.training import RunObserver, run_training  # noqa: E402
+from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 
 STAGE_TASKS_PER_ITERATION = 5  # explore, rank, regenerate, update, requantize
 
@@ -117,14 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-S", dest="overrides", action="append", default=[])
     parser.add_argument("--task-calls", type=int, default=50)
     parser.add_argument("--out", default="reports/benchmarks/orchestration_overhead.json")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's); fewer than the cores leaves room for Prefect's "
-                             "server process, which otherwise competes with the stages for the CPU")
+    add_threads_option(parser)
     parser.add_argument("--pairs", type=int, default=1,
                         help="direct run then flow run, this many times; medians over all their iterations")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     overrides = [*args.overrides, f"iterations={args.iterations}", "progress=false"]
     config = resolve_config(args.preset, args.family, [parse_override(text) for text in overrides])
 

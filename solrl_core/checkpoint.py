@@ -19,6 +19,7 @@ noises and training timesteps derive from hashed seeds, and the explorer is requ
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,8 @@ import polars as pl
 import torch
 
 from solrl_core import faults
-from solrl_core.config import Config, ConfigError, from_dict, set_key, to_dict
-from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines, read_metrics
+from solrl_core.config import Config, ConfigError, from_dict, set_key, to_dict, validate
+from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines
 
 CHECKPOINT = "checkpoint.safetensors"
 FORMAT = 1
@@ -79,7 +80,7 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
         "config": to_dict(state.config), "base_eval": base_eval, "param_groups": param_groups,
         "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
                       "measured_cumulative": accountant.measured_cumulative},
-        "ledger_rows": _ledger_rows(out_dir), "metrics_lines": len(read_metrics(out_dir / METRICS_FILE)),
+        "ledger_rows": _ledger_rows(out_dir), "metrics_lines": len(metrics_lines(out_dir / METRICS_FILE)),
     }
     path = out_dir / CHECKPOINT
 
@@ -160,7 +161,7 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
     the run (``iterations``) or toggle progress bars: anything else would not be a continuation."""
     metadata = read_metadata(out_dir)
     saved = from_dict(metadata["config"])
-    config = from_dict(metadata["config"])
+    config = copy.deepcopy(saved)
     for key, value in overrides:
         set_key(config, key, value)
     changed = [key for key in _changed_keys(to_dict(saved), to_dict(config)) if key not in RESUMABLE_CHANGES]
@@ -170,8 +171,6 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
     if config.iterations < metadata["next_iteration"]:
         raise ConfigError(f"iterations ({config.iterations}) is below the {metadata['next_iteration']} "
                           f"iterations the checkpoint has already run")
-    from solrl_core.config import validate
-
     return validate(config)
 
 
@@ -213,22 +212,24 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
     """Drop ledger rows and metrics lines of iterations after the checkpoint; return the metrics
     records that remain. Raises when what remains is not what the checkpoint recorded."""
     ledger_path, metrics_path = out_dir / LEDGER_FILE, out_dir / METRICS_FILE
+    rows = 0
     if ledger_path.exists():
         ledger = pl.read_parquet(ledger_path)
         kept = ledger.filter(pl.col("iteration") < checkpoint.next_iteration)
         if kept.height != ledger.height:
             atomic_write(ledger_path, lambda temporary: kept.write_parquet(temporary))
-    rows = _ledger_rows(out_dir)
-    records = [r for r in read_metrics(metrics_path) if r["iteration"] < checkpoint.next_iteration]
+        rows = kept.height
+    lines = metrics_lines(metrics_path)
+    covered = [(line, record) for line, record in zip(lines, map(json.loads, lines))
+               if record["iteration"] < checkpoint.next_iteration]
+    records = [record for _, record in covered]
     if rows != checkpoint.ledger_rows or len(records) != checkpoint.metrics_lines:
         raise CheckpointError(
             f"cannot resume: {out_dir} has {rows} ledger rows and {len(records)} metrics lines up to iteration "
             f"{checkpoint.next_iteration - 1}, the checkpoint recorded {checkpoint.ledger_rows} and "
             f"{checkpoint.metrics_lines}: the outputs were changed outside the run")
-    lines = metrics_lines(metrics_path)
-    kept_lines = [line for line in lines if json.loads(line)["iteration"] < checkpoint.next_iteration]
-    if len(kept_lines) != len(lines):
-        text = "".join(line + "\n" for line in kept_lines)
+    if len(covered) != len(lines):
+        text = "".join(line + "\n" for line, _ in covered)
         atomic_write(metrics_path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
     return records
 

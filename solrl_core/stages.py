@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from solrl_core import faults
+from solrl_core.checkpoint import NonFiniteState
 from solrl_core.config import Config
 from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
 from solrl_core.models.policy import FlowPolicy
@@ -324,8 +325,6 @@ def _optimizer_step(state: RunState, items: list[_TrainItem], latents: torch.Ten
 
 def _require_finite_weights(parameters: list[torch.Tensor]) -> None:
     """Stop the run rather than carry a non-finite weight into sampling or a checkpoint."""
-    from solrl_core.checkpoint import NonFiniteState
-
     if not all(bool(torch.isfinite(p).all()) for p in parameters):
         raise NonFiniteState("an optimizer step produced a non-finite LoRA weight (learning rate too high?); "
                              "the run stops and its last good checkpoint is kept")
