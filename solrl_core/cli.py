@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = commands.add_parser("pretrain", help="pretrain the embedded world's base model")
     pretrain.add_argument("--preset", default="shapes-tiny", choices=["shapes-tiny"])
-    pretrain.add_argument("--steps", type=int, default=None)
+    pretrain.add_argument("--steps", type=int, default=None, help="optimizer steps (default 6000)")
+    pretrain.add_argument("--heads", type=int, default=None, help="attention heads of 16 channels (default 4: width 64)")
+    pretrain.add_argument("--seed", type=int, default=None, help="seed of the scenes, the weights and the noise (default 0)")
     pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")
     add_study_commands(commands)  # fidelity, compare
     return parser
@@ -186,19 +188,22 @@ def command_config(args: argparse.Namespace) -> int:
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
-    if args.steps is not None and args.steps < 1:  # checked before the model stack is imported
-        raise UserError(f"--steps ({args.steps}) must be >= 1")
+    for name in ("steps", "heads"):  # checked before the model stack is imported
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name} ({getattr(args, name)}) must be >= 1")
     out = output_path(args.out, "--out", directory=False, kind="checkpoint file") if args.out else None
     from dataclasses import replace
 
     from solrl_core.models.shapes_tiny import CHECKPOINT
-    from solrl_core.world.pretrain import PretrainSettings, pretrain
+    from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain
 
-    settings = PretrainSettings()
-    if args.steps is not None:
-        settings = replace(settings, steps=args.steps)
+    chosen = {name: getattr(args, name) for name in ("steps", "heads", "seed") if getattr(args, name) is not None}
+    settings = replace(PretrainSettings(), **chosen)
     out = out or CHECKPOINT
-    record = pretrain(out, settings)
+    try:
+        record = pretrain(out, settings)
+    except PretrainError as error:
+        raise UserError(str(error)) from None
     print(f"pretrained in {record['seconds']}s, final loss {record['final_loss']:.4f}; wrote {out}")
     return 0
 

@@ -95,6 +95,11 @@ def check_tiny_checkpoint(path: str) -> None:
         raise ModelFilesMissing(f"shapes-tiny checkpoint {file} is not a safetensors file ({error}); {how}") from None
     if "architecture" not in metadata:
         raise ModelFilesMissing(f"shapes-tiny checkpoint {file} has no architecture in its metadata; {how}")
+    # The weights must fit the architecture they declare (a checkpoint of another model otherwise
+    # loads only inside the run). Deferred import: diffusers costs seconds and is not needed above.
+    from solrl_core.models.shapes_tiny import read_checkpoint
+
+    read_checkpoint(file)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -126,12 +126,19 @@ def read_checkpoint(path: Path) -> tuple[TinyArchitecture, FluxTransformer2DMode
 
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
-    arch = TinyArchitecture(**json.loads(metadata["architecture"]))
-    tensors = load_file(str(path))
-    transformer = build_transformer(arch)
-    text_encoder = ShapesTextEncoder(arch)
-    transformer.load_state_dict(_strip(tensors, "transformer."))
-    text_encoder.load_state_dict(_strip(tensors, "text_encoder."))
+    how = "give a checkpoint written by `solrl pretrain` (-S model.path=FILE; empty: the committed one)"
+    try:
+        arch = TinyArchitecture(**json.loads(metadata["architecture"]))
+        tensors = load_file(str(path))
+        transformer = build_transformer(arch)
+        text_encoder = ShapesTextEncoder(arch)
+        transformer.load_state_dict(_strip(tensors, "transformer."))
+        text_encoder.load_state_dict(_strip(tensors, "text_encoder."))
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        # A checkpoint of another model (or another shapes-tiny architecture than its metadata says).
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelFilesMissing(f"{path} is not a shapes-tiny checkpoint of the architecture it declares "
+                                f"({first[:160]}); {how}") from None
     return arch, transformer, text_encoder, json.loads(metadata.get("training", "{}"))
 
 
