@@ -1,0 +1,184 @@
+"""What costs the explorer its ranking: W4A4 against weight-only and activation-only NVFP4, which
+layer groups are quantized, and the block size, on the embedded world (issue: ranking fidelity).
+
+For P held-out prompts x N seeds the full-precision policy at T_train steps is the truth; each
+variant drafts the same seeds at T_explore steps and is scored by the metrics of `solrl fidelity`
+(Spearman, Kendall, top-k precision, bottom-12 contamination, mean true ranks). The variants are
+data (VARIANTS below): which Linear layers, how their weights and their inputs are rounded.
+
+    .venv/bin/python benchmarks/fidelity_anatomy.py --prompts 16 --pool 96 --out reports/benchmarks/fidelity_anatomy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
+from solrl_core.quant.fp8 import quantize_fp8  # noqa: E402
+from solrl_core.quant.nvfp4 import fake_quantize_nvfp4, round_to_e2m1  # noqa: E402
+
+E4M3_MAX, E2M1_MAX = 448.0, 6.0
+
+
+def fake_quantize_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """NVFP4's recipe (SPEC §3) with ``block`` values per scale instead of 16, for the block-size
+    ablation only; block 16 is checked against the project's own quantizer in main()."""
+    shape = x.shape
+    flat = x.float().reshape(-1, shape[-1])
+    pad = (-shape[-1]) % block
+    blocks = F.pad(flat, (0, pad)).reshape(flat.shape[0], -1, block)
+    tensor_scale = flat.abs().amax() / (E4M3_MAX * E2M1_MAX)
+    safe_tensor = torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
+    block_scale = (blocks.abs().amax(-1) / E2M1_MAX / safe_tensor).clamp(max=E4M3_MAX)
+    block_scale = block_scale.to(torch.float8_e4m3fn).float()
+    combined = (block_scale * safe_tensor).unsqueeze(-1)
+    scaled = torch.where(combined > 0, blocks / torch.where(combined > 0, combined, 1.0), 0.0)
+    values = round_to_e2m1(scaled) * combined
+    return values.reshape(flat.shape[0], -1)[:, : shape[-1]].reshape(shape).to(x.dtype)
+
+
+def fake_quantize_fp8(x: torch.Tensor) -> torch.Tensor:
+    values, scale = quantize_fp8(x.float())
+    return values.float() * scale
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+NVFP4 = fake_quantize_nvfp4
+ATTENTION = ["*attn.to_q", "*attn.to_k", "*attn.to_v", "*attn.to_out.0", "*attn.add_q_proj", "*attn.add_k_proj",
+             "*attn.add_v_proj", "*attn.to_add_out"]
+MLP = ["*ff.net.*", "*ff_context.net.*", "*proj_mlp", "single_transformer_blocks.*.proj_out"]
+EMBEDDERS_AND_HEAD = ["x_embedder", "context_embedder", "time_text_embed.*", "norm_out.*", "proj_out"]
+MODULATION = ["*norm1.linear", "*norm1_context.linear", "*norm.linear"]
+
+# name: (layer globs, weight rounding, activation rounding). The preset's explorer is "skip list".
+VARIANTS: dict[str, tuple[list[str], object, object]] = {
+    "all layers W4A4": (["*"], NVFP4, NVFP4),
+    "skip list W4A4 (preset)": (ATTENTION + MLP, NVFP4, NVFP4),
+    "skip list W4 only": (ATTENTION + MLP, NVFP4, identity),
+    "skip list A4 only": (ATTENTION + MLP, identity, NVFP4),
+    "attention only W4A4": (ATTENTION, NVFP4, NVFP4),
+    "min_dim 64: MLPs only W4A4": (MLP, NVFP4, NVFP4),  # the paper's rule: attention (64 x 64) stays high
+    "skip list W4A4 block 8": (ATTENTION + MLP, lambda x: fake_quantize_blocks(x, 8), lambda x: fake_quantize_blocks(x, 8)),
+    "skip list W4A4 block 32": (ATTENTION + MLP, lambda x: fake_quantize_blocks(x, 32),
+                                lambda x: fake_quantize_blocks(x, 32)),
+    "skip list W8A8 FP8": (ATTENTION + MLP, fake_quantize_fp8, fake_quantize_fp8),
+    "full precision": ([], identity, identity),
+}
+
+
+def linear_names(model: torch.nn.Module, globs: list[str]) -> list[str]:
+    """The Linear layers (a LoRA wrapper counting as its base layer, as the explorer counts them)."""
+    from solrl_core.quant.explorer import select_quantized_layers
+
+    return [name for name in select_quantized_layers(model, skip=[], min_dim=0)
+            if any(fnmatch.fnmatchcase(name, g) for g in globs)]
+
+
+class RoundedExplorer:
+    """The explorer's contract (``active(model)``) with one variant's rounding of weights and inputs."""
+
+    def __init__(self, model: torch.nn.Module, globs: list[str], weights, activations):
+        from solrl_core.quant.explorer import effective_linear_weights
+
+        self.layer_names = linear_names(model, globs)
+        merged = {name: effective_linear_weights(model.get_submodule(name), "old") for name in self.layer_names}
+        self.cached = {name: (weights(weight), bias) for name, (weight, bias) in merged.items()}
+        self.activations = activations
+
+    def _forward(self, name: str):
+        weight, bias = self.cached[name]
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return F.linear(self.activations(x.float()), weight, bias).to(x.dtype)
+        return forward
+
+    @contextmanager
+    def active(self, model: torch.nn.Module):
+        with ExitStack() as stack:
+            for name in self.layer_names:
+                module = model.get_submodule(name)
+                module.forward = self._forward(name)
+                stack.callback(module.__dict__.pop, "forward")
+            yield
+
+
+def parameter_share(model: torch.nn.Module, names: list[str]) -> float:
+    """Share of the base model's parameters (LoRA adapters left out) in the quantized layers."""
+    from solrl_core.quant.explorer import effective_linear_weights
+
+    quantized = sum(effective_linear_weights(model.get_submodule(n), None)[0].numel() for n in names)
+    return quantized / sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--pool", type=int, default=96)
+    parser.add_argument("--explore-steps", type=int, default=6)
+    parser.add_argument("--model-path", default="")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", type=Path, default=Path("reports/benchmarks/fidelity_anatomy.json"))
+    add_threads_option(parser)
+    args = parser.parse_args()
+    use_threads(args)
+    probe = torch.randn(7, 48)
+    assert torch.equal(fake_quantize_blocks(probe, 16), fake_quantize_nvfp4(probe)), "block-16 rounding disagrees"
+
+    from solrl_core import stages
+    from solrl_core.fidelity import fidelity_seeds, format_result, ranking_metrics
+    from solrl_core.models.adapters import OLD
+    from solrl_core.presets import resolve_config
+    from solrl_core.prompts import evaluation_prompts
+
+    config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", args.prompts), ("model.path", args.model_path),
+                                                      ("progress", False)])
+    state = stages.initial_state(config)
+    prompts = evaluation_prompts(config)
+    flat_prompts = [p for p in prompts for _ in range(args.pool)]
+    seeds = [s for g in range(len(prompts)) for s in fidelity_seeds(config.seed, g, args.pool)]
+    model = state.policy.transformer
+
+    def scored(steps: int, explorer) -> torch.Tensor:
+        latents, _ = stages._sample_seeds(state, flat_prompts, seeds, steps, 96, adapter=OLD, explorer=explorer,
+                                          label="anatomy")
+        return stages._score(state, latents, flat_prompts, list(config.rewards)).combined.view(len(prompts), args.pool)
+
+    started = time.perf_counter()
+    truth = scored(config.regenerate.steps, None)
+    report = {"prompts": len(prompts), "pool": args.pool, "explore_steps": args.explore_steps,
+              "full_precision_steps": config.regenerate.steps, "model_path": args.model_path or "committed",
+              "threads": torch.get_num_threads(), "truth_reward_mean": float(truth.mean()), "results": []}
+    print(f"truth: {truth.numel()} samples, mean {float(truth.mean()):.4f} ({time.perf_counter() - started:.0f}s)")
+    for name in args.variants.split(","):
+        globs, weights, activations = VARIANTS[name]
+        begun = time.perf_counter()
+        explorer = RoundedExplorer(model, globs, weights, activations) if globs else None
+        proxy = scored(args.explore_steps, explorer)
+        metrics = ranking_metrics(proxy, truth)
+        layers = explorer.layer_names if explorer else []
+        report["results"].append({"variant": name, "quantized_layers": len(layers),
+                                  "quantized_parameter_share": round(parameter_share(model, layers), 4),
+                                  **metrics, "seconds": round(time.perf_counter() - begun, 1)})
+        print(f"{name:28s} layers {len(layers):3d}  " + format_result(metrics), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        temporary = args.out.with_suffix(".tmp")
+        temporary.write_text(json.dumps(report, indent=1))
+        temporary.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
