@@ -16,6 +16,8 @@ from prefect.runtime import deployment, flow_run
 
 from solrl_core.checkpoint import resume_config
 from solrl_core.config import Config, ConfigError, parse_override
+from solrl_core.distributed import DEFAULT_TIMEOUT_S, under_torchrun
+from solrl_core.launch import Launch, checked
 from solrl_core.presets import resolve_config
 from solrl_core.training import run_training
 from tasks.runner import PrefectStageRunner, quiet_task_logs
@@ -55,19 +57,91 @@ def resumed(resume: str, preset: str | None, family: str | None, iterations: int
 @flow(name="solrl", persist_result=False, log_prints=False, validate_parameters=True)
 def solrl(preset: str | None = None, family: str | None = None, iterations: int | None = None,
           overrides: list[str] | None = None, out: str | None = None, tracking: bool = True,
-          tracking_uri: str | None = None, resume: str | None = None) -> dict:
+          tracking_uri: str | None = None, resume: str | None = None, nproc_per_node: int = 1,
+          nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+          rank_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     """Train one family on one preset (default ``shapes-tiny`` / ``sol_rl``).
 
     ``overrides`` are ``key=value`` strings exactly as ``solrl run -S`` takes them (YAML values).
     ``tracking`` logs the run to MLflow (``tracking_uri``, default ``sqlite:///mlflow.db`` in the
     working directory). ``resume``: the output directory of an interrupted run, continued from its
     checkpoint (``out`` is then not used).
+
+    ``nproc_per_node`` > 1 (or ``nnodes`` > 1) starts torchrun from this flow run: rank 0 runs every
+    stage as a task run of this flow run, the other ranks the same loop unreported (see
+    solrl_core/distributed.py; the multi-node settings are those of `solrl run`).
     """
+    launch = checked(Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                            rdzv_endpoint=rdzv_endpoint, rank_timeout=rank_timeout))
+    trainer = train
+    if launch.needs_torchrun and not under_torchrun():
+        def trainer(config, out_dir, tracking, tracking_uri, resume=False):  # torchrun's ranks train
+            return train_on_ranks(launch, config, out_dir, overrides or [], tracking, tracking_uri, resume)
+
     if resume:
         config, out_dir = resumed(resume, preset, family, iterations, overrides)
-        return train(config, out_dir, tracking, tracking_uri, resume=True)
+        return trainer(config, out_dir, tracking, tracking_uri, resume=True)
     config = resolve(preset or "shapes-tiny", family or "sol_rl", iterations, overrides)
-    return train(config, output_directory(out, config), tracking, tracking_uri)
+    return trainer(config, output_directory(out, config), tracking, tracking_uri)
+
+
+def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: list[str], tracking: bool,
+                   tracking_uri: str | None, resume: bool) -> dict:
+    """torchrun with ``launch``'s ranks, started from this flow run and reporting into it (rank 0
+    gets the flow run's context); returns the run's summary."""
+    import json
+    import tempfile
+
+    import cloudpickle
+    from prefect.context import serialize_context
+
+    from solrl_core import launch as launching
+    from solrl_core.distributed import require_resumable_world, require_shardable
+    from solrl_core.ledger import SUMMARY_FILE
+
+    require_shardable(config, launch.world_size)
+    if resume:
+        require_resumable_world(out_dir, launch.world_size)
+    launching.check_reachable(launch)
+    # The ranks resolve the same config: the same preset, family and overrides (resume: its own).
+    arguments = launching.run_arguments(config.preset, config.family, [] if resume else overrides,
+                                        config.iterations, out=None if resume else out_dir,
+                                        resume=out_dir if resume else None, tracking=tracking,
+                                        tracking_uri=tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="solrl-ranks-") as folder:
+        context = Path(folder) / "prefect-context.pickle"
+        context.write_bytes(cloudpickle.dumps(serialize_context()))
+        outcome = launching.start(launch, arguments, {launching.PREFECT_CONTEXT_VARIABLE: str(context)})
+    if outcome.returncode != 0:
+        sys.stdout.write(outcome.stderr[-4000:])  # into the flow run's log, for whoever reads it
+        raise RuntimeError(outcome.rank_error or f"torchrun exited with code {outcome.returncode}")
+    return json.loads((out_dir / SUMMARY_FILE).read_text())
+
+
+def train_in_flow_context(context_file: Path, config: Config, out_dir: Path, tracking: bool,
+                          tracking_uri: str | None, resume: bool) -> dict:
+    """Rank 0 of a torchrun job a flow run started: ``train`` inside that flow run's context, so
+    every stage is a task run of it. Events and logs are flushed before the rank exits."""
+    import cloudpickle
+    from prefect.context import hydrated_context
+
+    context = cloudpickle.loads(context_file.read_bytes())
+    try:
+        with hydrated_context(context):
+            return train(config, out_dir, tracking, tracking_uri, resume=resume)
+    finally:
+        _flush_prefect()
+
+
+def _flush_prefect() -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler.flush()
+    with EventsWorker._instance_lock:
+        running = bool(EventsWorker._instances)
+    if running:
+        EventsWorker.instance().wait_until_empty()
 
 
 def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: str | None = None,

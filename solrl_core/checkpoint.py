@@ -80,6 +80,7 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
         "config": to_dict(state.config), "base_eval": base_eval, "param_groups": param_groups,
         "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
                       "measured_cumulative": accountant.measured_cumulative},
+        "world_size": _world_size(),  # resume needs as many ranks (solrl_core.distributed)
         "ledger_rows": _ledger_rows(out_dir), "metrics_lines": len(metrics_lines(out_dir / METRICS_FILE)),
     }
     path = out_dir / CHECKPOINT
@@ -90,6 +91,12 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
 
     atomic_write(path, write)
     return path
+
+
+def _world_size() -> int:
+    from solrl_core.distributed import current
+
+    return current().size
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:

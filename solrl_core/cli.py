@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-tracking", action="store_true", help="do not log the run to MLflow")
     run.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    from solrl_core.launch import add_arguments as add_scale_out_arguments
+
+    add_scale_out_arguments(run)
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
     _add_config_arguments(config)
@@ -85,6 +88,16 @@ def resolve_from_args(args: argparse.Namespace):
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from solrl_core import distributed
+    from solrl_core.launch import from_arguments
+
+    launch = from_arguments(args)
+    world = distributed.world_from_environment()
+    if distributed.under_torchrun() and launch.needs_torchrun:
+        raise UserError("this process already runs under torchrun: leave out --nproc-per-node / --nnodes")
+    # Only the process that will write checks that --out is new: node 0's launcher, rank 0.
+    writer = world.is_main and launch.node_rank == 0
+    world_size = world.size if distributed.under_torchrun() else launch.world_size
     if args.resume:
         if args.out:
             raise UserError("--resume DIR continues the run in DIR; leave out --out")
@@ -92,11 +105,22 @@ def command_run(args: argparse.Namespace) -> int:
 
         output_path(args.resume, "--resume", directory=True)  # a path that names no place: one line
         config, out_dir = resumed(args.resume, args.preset, args.family, args.iterations, args.overrides)
+        distributed.require_resumable_world(out_dir, world_size)
     else:
         if not args.out:
             raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
         config = resolve_from_args(args)
-        out_dir = new_output_directory(args.out)
+        out_dir = new_output_directory(args.out) if writer else output_path(args.out, "--out", directory=True)
+    distributed.require_shardable(config, world_size)
+    if launch.needs_torchrun:
+        return _start_torchrun(args, launch, config, out_dir, writer)
+    if distributed.under_torchrun():
+        return _run_as_rank(args, world, config, out_dir)
+    return _run_one_process(args, config, out_dir)
+
+
+def _run_one_process(args: argparse.Namespace, config, out_dir: Path) -> int:
+    """The Prefect flow in this process (also rank 0 of a torchrun job started from the CLI)."""
     # Model and reward-model files alike: one line, exit code 2, nothing written.
     from solrl_core.models.loading import ModelFilesMissing
     from solrl_core.report import print_summary
@@ -132,6 +156,83 @@ def command_run(args: argparse.Namespace) -> int:
     if "mlflow" in summary:
         print(f"MLflow run {summary['mlflow']['run_id']}; reward vs GPU-hours: {summary['mlflow']['ui']}")
     return 0
+
+
+def _start_torchrun(args, launch, config, out_dir: Path, writer: bool) -> int:
+    """`solrl run --nproc-per-node N`: the checks of a one-process run, then torchrun; a failed run
+    ends in one line naming the last good checkpoint (SOLRL_TRACEBACK=1: torchrun's whole report)."""
+    from solrl_core import launch as launching
+    from solrl_core.models.loading import ModelFilesMissing
+    from solrl_core.models.registry import check_model_files
+    from solrl_core.rewards.registry import check_reward_files
+
+    try:
+        check_model_files(config.model)
+        check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
+    except ModelFilesMissing as missing:
+        raise UserError(str(missing)) from None
+    launching.check_reachable(launch)
+    if writer:
+        writable_or_raise(out_dir)
+    arguments = launching.run_arguments(args.preset, args.family, list(args.overrides), args.iterations,
+                                        out=None if args.resume else out_dir,
+                                        resume=out_dir if args.resume else None, tracking=not args.no_tracking,
+                                        tracking_uri=args.tracking_uri)
+    outcome = launching.start(launch, arguments)
+    if outcome.returncode == 0:
+        sys.stderr.write(outcome.stderr)
+        return 0
+    if os.environ.get("SOLRL_TRACEBACK"):
+        sys.stderr.write(outcome.stderr)
+    line = outcome.rank_error or ""
+    if "last good checkpoint" in line or "nothing to resume" in line:  # rank 0 said it all
+        raise RunFailed(line)
+    cause = line or f"a rank stopped (torchrun exit code {outcome.returncode})"
+    raise RunFailed(_failure_line(RankStopped(cause), out_dir))
+
+
+class RankStopped(RuntimeError):
+    """A rank of a torchrun job ended the run (it died, hung past --rank-timeout, or failed)."""
+
+
+def _run_as_rank(args, world, config, out_dir: Path) -> int:
+    """One rank under torchrun: rank 0 runs the Prefect flow (its stages are the task runs, MLflow
+    its tracking), the other ranks the same loop unreported; all join the process group."""
+    from solrl_core import distributed
+    from solrl_core.models.registry import resolve_device
+
+    timeout = distributed.timeout_from_environment() if args.rank_timeout is None else args.rank_timeout
+    try:
+        with distributed.process_group(world, resolve_device(config.model.device).type, timeout):
+            if world.is_main:
+                return _run_main_rank(args, config, out_dir)
+            from solrl_core.training import run_training
+
+            run_training(config, out_dir, log=lambda line: None, resume=bool(args.resume))
+            return 0
+    except (UserError, ConfigError, CheckpointError):
+        raise
+    except Exception as failure:  # noqa: BLE001 - a peer that died or hung, a stage that failed
+        if os.environ.get("SOLRL_TRACEBACK"):
+            import traceback
+
+            traceback.print_exception(failure)
+        if world.is_main:
+            raise RunFailed(_failure_line(failure, out_dir)) from None
+        raise RunFailed(f"rank {world.rank}: {type(failure).__name__}: {failure}".splitlines()[0]) from None
+
+
+def _run_main_rank(args, config, out_dir: Path) -> int:
+    from solrl_core.launch import PREFECT_CONTEXT_VARIABLE
+
+    context = os.environ.get(PREFECT_CONTEXT_VARIABLE)
+    if context:  # started by a deployment's flow run: report into that flow run
+        from flows.solrl import train_in_flow_context
+
+        train_in_flow_context(Path(context), config, out_dir, tracking=not args.no_tracking,
+                              tracking_uri=args.tracking_uri, resume=bool(args.resume))
+        return 0
+    return _run_one_process(args, config, out_dir)
 
 
 class RunFailed(Exception):
@@ -211,6 +312,10 @@ def command_pretrain(args: argparse.Namespace) -> int:
 COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, **STUDY_COMMANDS}
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
@@ -219,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         one_value_each(args)
         return COMMANDS[args.command](args)
     except (UserError, ConfigError, CheckpointError) as error:
-        print(f"solrl: error: {one_line(str(error))}", file=sys.stderr)
+        if _is_main_rank():  # every rank finds the same user error: one line, not one per rank
+            print(f"solrl: error: {one_line(str(error))}", file=sys.stderr)
         return USER_ERROR
     except RunFailed as failure:
         print(f"solrl: error: {one_line(str(failure))}", file=sys.stderr)

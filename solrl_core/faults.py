@@ -13,6 +13,9 @@ Points (see the ``faults.point`` calls): ``explore`` (pool sampled, not yet scor
 ``checkpoint`` (checkpoint's temporary file written, not yet renamed into place), and
 ``write:<file name>`` (a temporary file of that output half-written).
 
+Under torchrun, ``SOLRL_FAULT_RANK=R`` confines the faults to the rank R (a rank that dies while
+the others run on).
+
 Unset (the normal case) every point is one dictionary lookup.
 """
 
@@ -24,6 +27,7 @@ import signal
 from dataclasses import dataclass
 
 ENVIRONMENT = "SOLRL_FAULT"
+RANK_ENVIRONMENT = "SOLRL_FAULT_RANK"
 ACTIONS = ("kill", "raise", "raise-once", "enospc")
 
 
@@ -64,7 +68,9 @@ def point(name: str) -> None:
     """A place where an injected fault may strike; does nothing unless SOLRL_FAULT names it."""
     global _faults
     if _faults is None:
-        _faults = parse(os.environ.get(ENVIRONMENT, ""))
+        wanted_rank = os.environ.get(RANK_ENVIRONMENT, "")
+        this_rank = wanted_rank == "" or wanted_rank == os.environ.get("RANK", "0")
+        _faults = parse(os.environ.get(ENVIRONMENT, "")) if this_rank else []
     for fault in _faults:
         if fault.point == name and fault.iteration == _current_iteration:
             _strike(fault)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from solrl_core import faults
+from solrl_core import distributed, faults
+from solrl_core.distributed import current as current_world
 from solrl_core.checkpoint import NonFiniteState
 from solrl_core.config import Config
 from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
@@ -54,6 +55,7 @@ class Drafts:
     sigmas: torch.Tensor
     latents: torch.Tensor | None  # [P, N, ...], kept only when the family trains on drafts
     full_precision: bool  # drafts drawn without a quantized explorer
+    first_slot: int = 0  # global index of the first group: this rank's shard starts there
 
     def combined(self) -> torch.Tensor:
         return self.scores.combined.view(len(self.prompts), -1)
@@ -69,6 +71,7 @@ class Rollout:
     sigmas: torch.Tensor
     scores: RewardScores  # flat [P*K]
     full_precision: bool
+    first_slot: int = 0  # as Drafts.first_slot
 
     def combined(self) -> torch.Tensor:
         return self.scores.combined.view(len(self.prompts), -1)
@@ -136,11 +139,15 @@ def choose_prompts(state: RunState, iteration: int) -> list[int]:
 
 
 def explore(state: RunState, iteration: int) -> Drafts:
-    """Draw N seeds per prompt and sample them with the explorer; score the drafts."""
+    """Draw N seeds per prompt and sample them with the explorer; score the drafts.
+
+    Under torchrun, this rank's block of the iteration's prompt groups; seeds by global slot."""
     config = state.config
-    prompt_ids = choose_prompts(state, iteration)
+    chosen = choose_prompts(state, iteration)
+    slots = distributed.shard(len(chosen))
+    prompt_ids = [chosen[slot] for slot in slots]
     prompts = [state.train_prompts[i] for i in prompt_ids]
-    seeds = torch.tensor([draw_seeds(config.seed, iteration, slot, config.pool) for slot in range(len(prompts))])
+    seeds = torch.tensor([draw_seeds(config.seed, iteration, slot, config.pool) for slot in slots])
     flat_prompts = [p for p in prompts for _ in range(config.pool)]
     latents, sigmas = _sample_seeds(state, flat_prompts, seeds.flatten().tolist(), rollout_steps(config),
                                     config.explore.chunk, adapter=OLD, explorer=state.explorer, label="explore")
@@ -152,7 +159,7 @@ def explore(state: RunState, iteration: int) -> Drafts:
     keep_latents = not config.regenerate.enabled
     return Drafts(iteration=iteration, prompts=prompts, prompt_ids=prompt_ids, seeds=seeds, scores=scores,
                   sigmas=sigmas, latents=latents.view(len(prompts), config.pool, *latents.shape[1:]) if keep_latents else None,
-                  full_precision=config.explore.backend == "none")
+                  full_precision=config.explore.backend == "none", first_slot=slots.start)
 
 
 def rank(drafts: Drafts, keep: int) -> torch.Tensor:
@@ -175,7 +182,32 @@ def regenerate(state: RunState, drafts: Drafts, selection: torch.Tensor) -> Roll
     scores = _score(state, latents, flat_prompts, list(config.rewards))
     return Rollout(prompts=drafts.prompts, seeds=kept_seeds,
                    latents=latents.view(*selection.shape, *latents.shape[1:]), sigmas=sigmas, scores=scores,
-                   full_precision=True)
+                   full_precision=True, first_slot=drafts.first_slot)
+
+
+def whole_iteration(drafts: Drafts, selection: torch.Tensor, rollout: Rollout, report: UpdateReport,
+                    fidelity: list[float]) -> tuple[Drafts, torch.Tensor, Rollout, UpdateReport, list[float]]:
+    """Every rank's drafts, selection, rollout, advantages and fidelity joined in global group
+    order (without latents), for the ledger and the metrics; one process: its own, unchanged."""
+    if not current_world().distributed:
+        return drafts, selection, rollout, report, fidelity
+    parts = distributed.all_gather_objects((
+        drafts.prompts, drafts.prompt_ids, drafts.seeds, drafts.scores, selection, rollout.seeds, rollout.scores,
+        report.advantages, fidelity))
+    column = list(zip(*parts))
+
+    def scores(records: tuple[RewardScores, ...]) -> RewardScores:
+        return RewardScores(per_reward={name: torch.cat([r.per_reward[name] for r in records])
+                                        for name in records[0].per_reward},
+                            combined=torch.cat([r.combined for r in records]))
+
+    whole_drafts = Drafts(iteration=drafts.iteration, prompts=sum(column[0], []), prompt_ids=sum(column[1], []),
+                          seeds=torch.cat(column[2]), scores=scores(column[3]), sigmas=drafts.sigmas, latents=None,
+                          full_precision=drafts.full_precision)
+    whole_rollout = Rollout(prompts=whole_drafts.prompts, seeds=torch.cat(column[5]), latents=torch.empty(0),
+                            sigmas=rollout.sigmas, scores=scores(column[6]), full_precision=rollout.full_precision)
+    whole_report = replace(report, advantages=torch.cat(column[7]))
+    return whole_drafts, torch.cat(column[4]), whole_rollout, whole_report, sum(column[8], [])
 
 
 def _kept_drafts(drafts: Drafts, selection: torch.Tensor, kept_seeds: torch.Tensor) -> Rollout:
@@ -185,7 +217,7 @@ def _kept_drafts(drafts: Drafts, selection: torch.Tensor, kept_seeds: torch.Tens
     latents = torch.stack([drafts.latents[g, selection[g]] for g in range(groups)])
     return Rollout(prompts=drafts.prompts, seeds=kept_seeds, latents=latents, sigmas=drafts.sigmas,
                    scores=RewardScores(per_reward, drafts.scores.combined[flat_index]),
-                   full_precision=drafts.full_precision)
+                   full_precision=drafts.full_precision, first_slot=drafts.first_slot)
 
 
 def online_fidelity(drafts: Drafts, selection: torch.Tensor, rollout: Rollout) -> list[float]:
@@ -245,19 +277,28 @@ class _TrainItem:
 def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     """DiffusionNFT on the rollout: group advantages, then train.steps_per_iteration AdamW steps."""
     config, train = state.config, state.config.train
-    advantages = group_advantages(rollout.combined())
+    # The advantage's std is over the whole iteration: the kept rewards of every rank's groups.
+    all_advantages = group_advantages(torch.cat(distributed.all_gather_objects(rollout.combined())))
+    advantages = all_advantages[rollout.first_slot:rollout.first_slot + rollout.seeds.shape[0]]
     weights = optimality_weight(advantages, train.adv_clip).flatten()
     flat_latents = rollout.latents.flatten(0, 1)
     flat_prompts = [p for p in rollout.prompts for _ in range(rollout.seeds.shape[1])]
     # A sample whose reward is not finite (the reward model failed on it) has no advantage: it
     # is left out of the update, and counted.
     scored = torch.isfinite(advantages).flatten()
+    all_scored = torch.isfinite(all_advantages).flatten()
     items = [item for item in _train_items(config, rollout, iteration) if scored[item.sample]]
+    parts = _step_of_sample(all_scored, train.steps_per_iteration)
+    first_sample = rollout.first_slot * rollout.seeds.shape[1]
     totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 0, "skipped_steps": 0}
-    for step_number, step_items in enumerate(_split_even(items, train.steps_per_iteration)):
+    for step_number in range(train.steps_per_iteration):
         if step_number:
             faults.point("update")  # between optimizer steps
-        step = _optimizer_step(state, step_items, flat_latents, flat_prompts, weights)
+        step_items = [item for item in items if parts[first_sample + item.sample] == step_number]
+        # Every rank divides by the step's item count over all ranks, so summed gradients are the
+        # one-process gradient.
+        step_total = _timesteps_per_sample(config, rollout) * int((parts == step_number).sum())
+        step = _optimizer_step(state, step_items, step_total, flat_latents, flat_prompts, weights)
         for key in totals:
             totals[key] += step[key]
     steps = train.steps_per_iteration
@@ -269,32 +310,42 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
                         grad_norm=totals["grad_norm"] / steps, optimizer_steps=state.optimizer_steps,
                         skipped_micro_batches=totals["skipped"], skipped_steps=totals["skipped_steps"],
                         old_policy_rate=eta, ema_decay=decay, advantages=advantages,
-                        unscored_samples=int((~scored).sum()))
+                        unscored_samples=int((~all_scored).sum()))
+
+
+def _timesteps_per_sample(config: Config, rollout: Rollout) -> int:
+    grid = len(rollout.sigmas) - 1  # sigma = 0 carries no training signal
+    return min(grid, max(1, round(config.train.timestep_fraction * grid)))
 
 
 def _train_items(config: Config, rollout: Rollout, iteration: int) -> list[_TrainItem]:
-    """For each sample, a seeded random subset of its sampler timesteps, each with fresh noise."""
+    """For each sample, a seeded random subset of its sampler timesteps, each with fresh noise.
+
+    Seeds are keyed by the sample's global index (this rank's shard starts at ``first_slot``)."""
     grid = rollout.sigmas[:-1].tolist()  # sigma = 0 carries no training signal
-    per_sample = max(1, round(config.train.timestep_fraction * len(grid)))
+    per_sample = _timesteps_per_sample(config, rollout)
+    first_sample = rollout.first_slot * rollout.seeds.shape[1]
     items = []
     for sample_index in range(rollout.seeds.numel()):
-        generator = torch.Generator().manual_seed(derive_seed(config.seed, "timesteps", iteration, sample_index))
+        global_index = first_sample + sample_index
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, "timesteps", iteration, global_index))
         chosen = torch.randperm(len(grid), generator=generator)[:per_sample].sort().values.tolist()
         for t_index in chosen:
             items.append(_TrainItem(sample_index, grid[t_index],
-                                    derive_seed(config.seed, "train-noise", iteration, sample_index, t_index)))
+                                    derive_seed(config.seed, "train-noise", iteration, global_index, t_index)))
     return items
 
 
-def _split_even(items: list[_TrainItem], parts: int) -> list[list[_TrainItem]]:
-    """Split by sample, so each optimizer step sees whole samples, in a seeded interleaved order."""
-    samples = sorted({item.sample for item in items})
-    buckets = {sample: index % parts for index, sample in enumerate(samples)}
-    return [[item for item in items if buckets[item.sample] == part] for part in range(parts)]
+def _step_of_sample(scored: torch.Tensor, parts: int) -> torch.Tensor:
+    """The optimizer step of each (global) sample: the scored samples dealt out in turn, so each
+    step sees whole samples; unscored samples get -1 (no step)."""
+    position = torch.cumsum(scored.long(), 0) - 1
+    return torch.where(scored, position % parts, torch.full_like(position, -1))
 
 
-def _optimizer_step(state: RunState, items: list[_TrainItem], latents: torch.Tensor, prompts: list[str],
-                    weights: torch.Tensor) -> dict:
+def _optimizer_step(state: RunState, items: list[_TrainItem], total_items: int, latents: torch.Tensor,
+                    prompts: list[str], weights: torch.Tensor) -> dict:
+    """One AdamW step over ``items`` (this rank's share of the step's ``total_items``)."""
     train, policy = state.config.train, state.policy
     state.optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "skipped": 0}
@@ -305,14 +356,18 @@ def _optimizer_step(state: RunState, items: list[_TrainItem], latents: torch.Ten
         if not torch.isfinite(result.loss):
             totals["skipped"] += 1  # a non-finite loss is dropped, never propagated into the weights
             continue
-        (result.loss * len(batch) / len(items)).backward()
-        share = len(batch) / len(items)
+        (result.loss * len(batch) / total_items).backward()
+        share = len(batch) / total_items
         totals["loss"] += float(result.loss.detach()) * share
         totals["policy"] += result.policy_loss * share
         totals["kl"] += result.kl_loss * share
     trainable = [p for p in state.optimizer.param_groups[0]["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, train.grad_clip)) if items else 0.0
-    stepped = bool(items) and math.isfinite(grad_norm) and totals["skipped"] * micro < len(items)
+    if current_world().distributed:  # the step's loss, skips and gradient over every rank
+        summed = distributed.sum_floats([totals["loss"], totals["policy"], totals["kl"], totals["skipped"]])
+        totals.update(loss=summed[0], policy=summed[1], kl=summed[2], skipped=int(summed[3]))
+        distributed.sum_gradients(trainable)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, train.grad_clip)) if total_items else 0.0
+    stepped = bool(total_items) and math.isfinite(grad_norm) and totals["skipped"] * micro < total_items
     if stepped:
         state.optimizer.step()
         state.optimizer_steps += 1
@@ -358,15 +413,26 @@ def evaluation_seeds(config: Config) -> list[int]:
     return [derive_seed(EVAL_SEED, "eval", i) for i in range(config.eval.prompts * config.eval.seeds_per_prompt)]
 
 
-def evaluate(state: RunState, adapter: str | None = EMA) -> tuple[dict[str, float], torch.Tensor]:
-    """Mean of every evaluation reward over held-out prompts x fixed seeds; also the images."""
+def evaluate(state: RunState, adapter: str | None = EMA) -> tuple[dict[str, float], torch.Tensor | None]:
+    """Mean of every evaluation reward over held-out prompts x fixed seeds; also the images.
+
+    Under torchrun each rank takes a block of the (prompt, seed) pairs; every rank gets the
+    means, rank 0 alone the images (None elsewhere)."""
     config = state.config
     prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
-    latents, _ = _sample_seeds(state, prompts, evaluation_seeds(config), config.eval.steps, config.eval.chunk,
+    seeds = evaluation_seeds(config)
+    mine = distributed.shard(len(prompts))
+    prompts, seeds = prompts[mine.start:mine.stop], seeds[mine.start:mine.stop]
+    latents, _ = _sample_seeds(state, prompts, seeds, config.eval.steps, config.eval.chunk,
                                adapter=adapter, explorer=None, label="evaluate")
     names = list(dict.fromkeys(list(config.rewards) + list(config.eval.rewards)))
     images = state.policy.decode(latents.to(state.policy.device)).cpu()
-    scores = state.rewards.score(images, prompts, names)
+    per_reward = state.rewards.score(images, prompts, names).per_reward
+    if current_world().distributed:
+        every_rank = distributed.all_gather_objects(per_reward)
+        per_reward = {name: torch.cat([scores[name] for scores in every_rank]) for name in names}
+        gathered = distributed.gather_to_main(images)
+        images = torch.cat(gathered) if gathered is not None else None
     # Mean over the images a reward could score (a failed image is left out, not averaged as NaN).
-    means = {name: finite_mean(values) for name, values in scores.per_reward.items()}
+    means = {name: finite_mean(values) for name, values in per_reward.items()}
     return means, images

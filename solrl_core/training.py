@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from solrl_core import faults, stages
+from solrl_core.distributed import current as current_world
 from solrl_core.accounting import accountant_for
 from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
                                    restore, rewind_outputs, save_checkpoint)
@@ -75,7 +76,10 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     report = clock.time("update", stages.update, state, rollout, iteration)
     clock.time("requantize", stages.requantize, state)
     fidelity = stages.online_fidelity(drafts, selection, rollout)
-    append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
+    # Under torchrun: every rank's groups, so rank 0 writes what one process would.
+    drafts, selection, rollout, report, fidelity = stages.whole_iteration(drafts, selection, rollout, report, fidelity)
+    if current_world().is_main:
+        append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
     faults.point("ledger")
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
     compute = accountant_for(state).iteration(
@@ -132,19 +136,25 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
 
     ``resume``: continue the run in ``out_dir`` from its checkpoint; the ledger, metrics and
     adapters come out identical to those of a run that was never interrupted.
+
+    Under torchrun every rank runs this loop on its shard; rank 0 alone writes files and calls
+    the observers (the other ranks' ``observers`` are ignored).
     """
     started = time.perf_counter()
+    main = current_world().is_main
+    observers = observers if main else ()
     # A checkpoint that cannot be resumed, or outputs that do not match it, stop the run before
     # the model loads; rows of iterations after the checkpoint are dropped (they are redone).
     checkpoint = load_checkpoint(out_dir) if resume else None
-    history = _rewind(out_dir, checkpoint) if checkpoint is not None else []
+    history = _rewind(out_dir, checkpoint) if checkpoint is not None and main else []
     # Load the model and build the explorer first: a missing file or an unsupported backend
     # stops the run before anything is written.
     state = runner("load", stages.initial_state, config)
     if checkpoint is not None:
         restore(state, checkpoint)  # before quantize: the explorer is built from the "old" adapter
     quantize_report = runner("quantize", stages.quantize, state)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     for observer in observers:
         if checkpoint is None:
             observer.on_start(config, out_dir)
@@ -160,8 +170,9 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
         if evaluation is not None:
             evaluations.append({"iteration": iteration, **evaluation})
     summary = _summary(state, out_dir, evaluations, time.perf_counter() - started, checkpoint)
-    save_adapters(out_dir / LORA, state)
-    write_json(out_dir / SUMMARY, summary)
+    if main:
+        save_adapters(out_dir / LORA, state)
+        write_json(out_dir / SUMMARY, summary)
     for observer in observers:
         observer.on_end(summary)
     return summary
@@ -173,7 +184,8 @@ def _starting_point(state, runner, observers, out_dir: Path, checkpoint: Checkpo
     from the checkpoint for a resumed one."""
     if checkpoint is None:
         base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
-        save_checkpoint(out_dir, state, next_iteration=0, base_eval=base_eval)
+        if current_world().is_main:
+            save_checkpoint(out_dir, state, next_iteration=0, base_eval=base_eval)
         first = 0
     else:
         base_eval, first = checkpoint.base_eval, checkpoint.next_iteration
@@ -189,6 +201,8 @@ def _train_one(state, iteration: int, out_dir: Path, runner, observers, log: Cal
     metrics = run_iteration(state, iteration, out_dir, runner)
     if should_evaluate(state.config, iteration):
         metrics["eval"] = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
+    if not current_world().is_main:
+        return metrics.get("eval")
     append_jsonl(out_dir / METRICS, metrics)
     for observer in observers:
         observer.on_iteration(metrics)
@@ -222,6 +236,8 @@ def _rewind(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
 
 def _evaluate(state, runner, observers, grid_path: Path, iteration: int, adapter: str | None = EMA) -> dict:
     rewards, images = runner("evaluate", stages.evaluate, state, adapter)
+    if images is None:  # a rank other than 0: the grid and the observers are rank 0's
+        return rewards
     save_grid(grid_path, images, state.config)
     for observer in observers:
         observer.on_evaluation(iteration, rewards, images)

@@ -21,6 +21,7 @@ class PrefectStageRunner:
 
     def __init__(self, log: Callable[[str], None] = print):
         self.log = log
+        self._without_retries: dict[str, object] = {}
 
     def __call__(self, stage: str, function: Callable, *args, **kwargs):
         task = STAGE_TASKS.get(stage)
@@ -28,10 +29,23 @@ class PrefectStageRunner:
             return function(*args, **kwargs)
         if task.fn is not function:
             raise TypeError(f"stage '{stage}' calls {function.__qualname__}, but its task wraps {task.fn.__qualname__}")
+        task = self._collective_safe(task)
         started = time.perf_counter()
         result = task(*(opaque(a) for a in args), **{k: opaque(v) for k, v in kwargs.items()})
         self.log(f"{stage:<10} {time.perf_counter() - started:7.2f} s")
         return result
+
+
+    def _collective_safe(self, task):
+        """Under torchrun a retry on rank 0 alone would pair its collectives with the wrong calls of
+        the other ranks: no retries there (a failed stage fails the run; resume continues it)."""
+        from solrl_core.distributed import current
+
+        if not current().distributed or not task.retries:
+            return task
+        if task.name not in self._without_retries:
+            self._without_retries[task.name] = task.with_options(retries=0)
+        return self._without_retries[task.name]
 
 
 def quiet_task_logs() -> None:
