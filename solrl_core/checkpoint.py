@@ -3,14 +3,16 @@
 One file, ``checkpoint.safetensors`` in the run's output directory, holds everything the next
 iteration depends on: the three LoRA adapters ("default", "old", "ema"), the AdamW state, the
 optimizer-step counter, the torch RNG states, the accumulated GPU-hours and, as JSON metadata, the
-next iteration, the resolved config, the base evaluation and how many ledger rows and metrics lines
-belong to it. It is written to a temporary file, flushed to disk and renamed into place, so a crash
+next iteration, the resolved config, the base evaluation, and how many ledger rows and metrics lines
+belong to it with a digest of each iteration's rows and of each line, so that an edit which keeps
+the row count is caught too. It is written to a temporary file, flushed to disk and renamed into place, so a crash
 at any moment leaves either the previous checkpoint or the new one, never half of one.
 
 The ledger and metrics are appended before the checkpoint of their iteration is written; a run
 killed in between leaves rows of an iteration the checkpoint does not cover. Resuming drops them
 (the resumed run writes them again, identically) and checks that what remains is exactly what the
-checkpoint recorded.
+checkpoint recorded: the counts, then the digests, naming the file and the first iteration that
+differs.
 
 Everything else a run needs is a pure function of the config and these tensors: seeds, prompts,
 noises and training timesteps derive from hashed seeds, and the explorer is requantized from the
@@ -20,6 +22,7 @@ noises and training timesteps derive from hashed seeds, and the explorer is requ
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,9 @@ from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_wri
 CHECKPOINT = "checkpoint.safetensors"
 FORMAT = 1
 _ADAPTERS, _OPTIMIZER, _RNG = "adapters/", "optimizer/", "rng/"
+# What a run writes before its first checkpoint (the base evaluation's grid, the MLflow run record,
+# temporary files of a checkpoint that was being written): the marks of a run killed that early.
+_EARLY_OUTPUTS = ("samples_base.png", "mlflow_run.json", f".{CHECKPOINT}.", ".solrl-write-probe")
 # Keys a resumed run may change: how long it runs and whether it draws progress bars.
 RESUMABLE_CHANGES = ("iterations", "progress")
 
@@ -56,6 +62,9 @@ class Checkpoint:
     ledger_rows: int
     metrics_lines: int
     tensors: dict[str, torch.Tensor]
+    # sha256 of each covered iteration's ledger rows and metrics line; None in checkpoints written
+    # before digests were recorded (their counts are still checked).
+    digests: dict[str, list[str]] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +90,7 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
         "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
                       "measured_cumulative": accountant.measured_cumulative},
         "world_size": _world_size(),  # resume needs as many ranks (solrl_core.distributed)
-        "ledger_rows": _ledger_rows(out_dir), "metrics_lines": len(metrics_lines(out_dir / METRICS_FILE)),
+        **_covered_outputs(out_dir),
     }
     path = out_dir / CHECKPOINT
 
@@ -124,9 +133,46 @@ def require_finite(tensors: dict[str, torch.Tensor]) -> None:
             raise NonFiniteState(f"{key} holds a non-finite value; the last good checkpoint is kept")
 
 
-def _ledger_rows(out_dir: Path) -> int:
-    path = out_dir / LEDGER_FILE
-    return pl.scan_parquet(path).select(pl.len()).collect().item() if path.exists() else 0
+def _covered_outputs(out_dir: Path) -> dict:
+    """How many ledger rows and metrics lines the checkpoint covers, and their digests. Only the
+    iterations the previous checkpoint did not cover are read and hashed: the earlier digests
+    cannot have changed while this process was writing the run."""
+    ledger_path, lines = out_dir / LEDGER_FILE, metrics_lines(out_dir / METRICS_FILE)
+    previous = _previous_digests(out_dir)
+    rows, ledger_digests = 0, list(previous)
+    if ledger_path.exists():
+        rows = pl.scan_parquet(ledger_path).select(pl.len()).collect().item()
+        new = pl.scan_parquet(ledger_path).filter(pl.col("iteration") >= len(previous)).collect()
+        ledger_digests += iteration_digests(new, first=len(previous))
+    return {"ledger_rows": rows, "metrics_lines": len(lines),
+            "digests": {LEDGER_FILE: ledger_digests, METRICS_FILE: [line_digest(line) for line in lines]}}
+
+
+def _previous_digests(out_dir: Path) -> list[str]:
+    try:
+        return read_metadata(out_dir).get("digests", {}).get(LEDGER_FILE, [])
+    except CheckpointError:  # none yet (the base evaluation's checkpoint)
+        return []
+
+
+def iteration_digests(ledger: pl.DataFrame, first: int = 0) -> list[str]:
+    """sha256 of each iteration's rows, iterations ``first``, ``first + 1``, ... in order: the
+    column names and every value as JSON (floats in Python's round-trip form, nulls as null), so
+    the digest depends on what the rows hold, not on how Parquet or polars lay them out."""
+    if ledger.height == 0:
+        return []
+    by_iteration = ledger.partition_by("iteration", as_dict=True, maintain_order=True)
+    empty = ledger.clear()  # an iteration without rows still gets a digest (of no rows)
+    digests = []
+    for iteration in range(first, int(ledger["iteration"].max()) + 1):
+        rows = by_iteration.get((iteration,), empty)
+        text = json.dumps(rows.to_dict(as_series=False), separators=(",", ":"))
+        digests.append(hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return digests
+
+
+def line_digest(line: str) -> str:
+    return hashlib.sha256(line.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,8 +187,7 @@ def read_metadata(out_dir: Path) -> dict:
     if not out_dir.is_dir():
         raise CheckpointError(f"cannot resume: {out_dir} is not a directory")
     if not path.is_file():
-        raise CheckpointError(f"cannot resume: {out_dir} has no {CHECKPOINT} (a run writes one after its base "
-                              "evaluation); start a new run instead")
+        raise CheckpointError(_no_checkpoint(out_dir))
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = json.loads((handle.metadata() or {})["solrl"])
@@ -153,6 +198,21 @@ def read_metadata(out_dir: Path) -> dict:
     return metadata
 
 
+def _no_checkpoint(out_dir: Path) -> str:
+    """What to do with a directory that has no checkpoint: a run killed before its first one (it
+    writes it after the base evaluation) trained nothing, so it is started again, not resumed."""
+    names = sorted(entry.name for entry in out_dir.iterdir())
+    if not names:
+        return f"cannot resume: {out_dir} is empty (no {CHECKPOINT}); start a new run with --out {out_dir}"
+    if not any(name.startswith(_EARLY_OUTPUTS) for name in names):
+        return (f"cannot resume: {out_dir} has no {CHECKPOINT} and is not a Sol-RL run's output directory; "
+                "give the --out of the run to continue, or start a new run")
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"cannot resume: {out_dir} has no {CHECKPOINT}: its run stopped before its first checkpoint (written "
+            f"after the base evaluation), so nothing was trained; start a new run: the same command with a new "
+            f"--out, or delete what it holds ({shown}) and reuse --out {out_dir}")
+
+
 def load_checkpoint(out_dir: Path) -> Checkpoint:
     from safetensors.torch import load_file
 
@@ -160,7 +220,7 @@ def load_checkpoint(out_dir: Path) -> Checkpoint:
     return Checkpoint(next_iteration=metadata["next_iteration"], optimizer_steps=metadata["optimizer_steps"],
                       config=metadata["config"], base_eval=metadata["base_eval"], gpu_hours=metadata["gpu_hours"],
                       ledger_rows=metadata["ledger_rows"], metrics_lines=metadata["metrics_lines"],
-                      tensors=load_file(str(out_dir / CHECKPOINT)) | {"_param_groups": metadata["param_groups"]})
+                      digests=metadata.get("digests"), tensors=load_file(str(out_dir / CHECKPOINT)) | {"_param_groups": metadata["param_groups"]})
 
 
 def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
@@ -219,13 +279,13 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
     """Drop ledger rows and metrics lines of iterations after the checkpoint; return the metrics
     records that remain. Raises when what remains is not what the checkpoint recorded."""
     ledger_path, metrics_path = out_dir / LEDGER_FILE, out_dir / METRICS_FILE
-    rows = 0
+    kept = pl.DataFrame()
     if ledger_path.exists():
         ledger = pl.read_parquet(ledger_path)
         kept = ledger.filter(pl.col("iteration") < checkpoint.next_iteration)
         if kept.height != ledger.height:
             atomic_write(ledger_path, lambda temporary: kept.write_parquet(temporary))
-        rows = kept.height
+    rows = kept.height
     lines = metrics_lines(metrics_path)
     covered = [(line, record) for line, record in zip(lines, map(json.loads, lines))
                if record["iteration"] < checkpoint.next_iteration]
@@ -235,10 +295,28 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
             f"cannot resume: {out_dir} has {rows} ledger rows and {len(records)} metrics lines up to iteration "
             f"{checkpoint.next_iteration - 1}, the checkpoint recorded {checkpoint.ledger_rows} and "
             f"{checkpoint.metrics_lines}: the outputs were changed outside the run")
+    if checkpoint.digests is not None:
+        _require_recorded(ledger_path, iteration_digests(kept), checkpoint.digests[LEDGER_FILE], "rows", "differ")
+        _require_recorded(metrics_path, [line_digest(line) for line, _ in covered], checkpoint.digests[METRICS_FILE],
+                          "line", "differs", iterations=[record["iteration"] for record in records])
     if len(covered) != len(lines):
         text = "".join(line + "\n" for line, _ in covered)
         atomic_write(metrics_path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
     return records
+
+
+def _require_recorded(path: Path, found: list[str], recorded: list[str], what: str, verb: str,
+                      iterations: list[int] | None = None) -> None:
+    """Raise naming ``path`` and the first iteration whose digest differs from the recorded one."""
+    for index, (digest, expected) in enumerate(zip(found, recorded)):
+        if digest != expected:
+            iteration = iterations[index] if iterations is not None else index
+            raise CheckpointError(
+                f"cannot resume: the {what} of iteration {iteration} in {path} {verb} from what the checkpoint "
+                f"recorded: the outputs were changed outside the run; restore the file or start a new run")
+    if len(found) != len(recorded):  # iterations without rows: the counts agreed, the layout did not
+        raise CheckpointError(f"cannot resume: {path} holds {len(found)} iterations, the checkpoint recorded "
+                              f"{len(recorded)}: the outputs were changed outside the run")
 
 
 def discard_temporaries(out_dir: Path) -> None:

@@ -115,6 +115,23 @@ def test_killed_before_the_first_checkpoint_has_nothing_to_resume(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert "no checkpoint.safetensors" in err and "start a new run" in err
+    # The line says what to do: nothing was trained; a new --out, or empty this one and reuse it.
+    assert "stopped before its first checkpoint" in err and "nothing was trained" in err
+    assert "samples_base.png" in err and f"reuse --out {out}" in err
+    # Doing what it says works: with the listed files deleted, the same --out starts afresh.
+    for leftover in out.iterdir():
+        assert leftover.name == "samples_base.png" or leftover.name.startswith(".checkpoint.safetensors.")
+        leftover.unlink()
+    assert run_process(out, "iterations=1") == 0 and read_metadata(out)["next_iteration"] == 1
+
+
+def test_resume_of_a_folder_that_is_no_run_says_so(tmp_path, capsys):
+    from solrl_core.cli import main
+
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert main(["run", "--resume", str(tmp_path), "--no-tracking"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not a Sol-RL run's output directory" in err
 
 
 def test_cli_run_killed_mid_explore_resumes_through_the_prefect_flow(reference, tmp_path):
@@ -186,3 +203,52 @@ def test_resume_refuses_a_damaged_checkpoint_or_ledger(finished_run, tmp_path, c
     ledger.head(ledger.height - 1).write_parquet(edited / "ledger.parquet")
     assert main(["run", "--resume", str(edited), "--no-tracking", "-S", "iterations=2"]) == 2
     assert "changed outside the run" in capsys.readouterr().err
+
+
+def _resume_refusal(run: Path, capsys) -> str:
+    from solrl_core.cli import main
+
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    code = main(["run", "--resume", str(run), "--no-tracking", "-S", "iterations=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("solrl: error:") and err.count("\n") == 0, err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before, "a refused resume writes nothing"
+    return err
+
+
+def test_resume_refuses_a_ledger_edited_with_the_same_row_count(finished_run, tmp_path, capsys):
+    """The README's "a ledger edited outside the run stops with exit code 2": an edit that keeps
+    the row count (every explorer reward raised by 0.5) is caught by the checkpoint's digests and
+    named by file and iteration."""
+    import shutil
+
+    edited = tmp_path / "edited"
+    shutil.copytree(finished_run, edited)
+    ledger = pl.read_parquet(edited / "ledger.parquet")
+    ledger.with_columns(pl.col("explore_reward") + 0.5).write_parquet(edited / "ledger.parquet")
+    err = _resume_refusal(edited, capsys)
+    assert f"the rows of iteration 0 in {edited / 'ledger.parquet'} differ" in err
+    assert "changed outside the run" in err
+
+
+def test_resume_refuses_a_metrics_line_edited_in_place(finished_run, tmp_path, capsys):
+    import shutil
+
+    edited = tmp_path / "edited"
+    shutil.copytree(finished_run, edited)
+    [line] = (edited / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    record["kept_gap"] += 0.5
+    (edited / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    err = _resume_refusal(edited, capsys)
+    assert f"the line of iteration 0 in {edited / 'metrics.jsonl'} differs" in err
+
+
+def test_an_untouched_run_passes_the_digest_check(finished_run, tmp_path):
+    """The digests of what a run wrote match what its checkpoint recorded (the check can pass)."""
+    from solrl_core.checkpoint import iteration_digests, line_digest
+
+    metadata = read_metadata(finished_run)
+    assert metadata["digests"]["ledger.parquet"] == iteration_digests(pl.read_parquet(finished_run / "ledger.parquet"))
+    lines = (finished_run / "metrics.jsonl").read_text().splitlines()
+    assert metadata["digests"]["metrics.jsonl"] == [line_digest(line) for line in lines]
