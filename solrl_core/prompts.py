@@ -25,13 +25,41 @@ def evaluation_prompts(config: Config) -> list[str]:
     return held_out_prompts(config.eval.prompts, WORLD_PROMPT_SEED)
 
 
+# Rewards that read a prompt's structure, and the grammar they read it by (module, parser, what a
+# prompt must look like): a line outside the grammar would fail the first scoring, after the run
+# started. Every other reward (the real reward models) scores any text.
+PROMPT_GRAMMARS = {
+    "shapes-compliance": ("solrl_core.world.captions", "parse_caption",
+                          "a shapes caption such as 'a large red circle at the top left on a white background'"),
+}
+
+
 def check_prompt_files(config: Config) -> None:
-    """Read the prompt files the config names, so that a missing, empty or unreadable one stops a
-    run before it starts (one line, exit code 2) instead of at its first stage."""
-    for key in ("train_file", "eval_file"):
+    """Read the prompt files the config names, so that a missing, empty or unreadable one, or a
+    line the rewards cannot read, stops a run before it starts (one line, exit code 2) instead of
+    at its first stage. Training prompts are scored by ``rewards``, evaluation prompts by those and
+    ``eval.rewards``."""
+    readers = {"train_file": list(config.rewards), "eval_file": [*config.rewards, *config.eval.rewards]}
+    for key, rewards in readers.items():
         path = getattr(config.prompts, key)
         if path:
-            read_prompt_file(path, f"prompts.{key}")
+            file, lines = _prompt_lines(path, f"prompts.{key}")
+            for reward in dict.fromkeys(rewards):
+                if reward in PROMPT_GRAMMARS:
+                    _check_grammar(file, lines, f"prompts.{key}", reward)
+
+
+def _check_grammar(file: Path, lines: list[tuple[int, str]], key: str, reward: str) -> None:
+    import importlib
+
+    module, parser, expected = PROMPT_GRAMMARS[reward]
+    parse = getattr(importlib.import_module(module), parser)
+    for number, prompt in lines:
+        try:
+            parse(prompt)
+        except ValueError as error:
+            raise ConfigError(f"{key}: line {number} of {file} cannot be read by the reward '{reward}' ({error}); "
+                              f"write one prompt per line, each {expected}") from None
 
 
 def prompt_file_path(path: str, key: str) -> Path:
@@ -44,6 +72,11 @@ def prompt_file_path(path: str, key: str) -> Path:
 
 
 def read_prompt_file(path: str, key: str) -> list[str]:
+    return [prompt for _, prompt in _prompt_lines(path, key)[1]]
+
+
+def _prompt_lines(path: str, key: str) -> tuple[Path, list[tuple[int, str]]]:
+    """The resolved file and its prompts with their line numbers (from 1; blank lines skipped)."""
     file = prompt_file_path(path, key)
     try:
         if file.is_dir():
@@ -56,7 +89,7 @@ def read_prompt_file(path: str, key: str) -> list[str]:
                           "give a text file with one prompt per line") from None
     except OSError as error:
         raise ConfigError(f"{key}: cannot read {file}: {error.strerror or error}") from None
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    prompts = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not prompts:
         raise ConfigError(f"{key}: {file} holds no prompts; give one prompt per line")
-    return prompts
+    return file, prompts

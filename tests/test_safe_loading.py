@@ -280,13 +280,50 @@ def test_prompt_files_missing_or_of_the_wrong_kind(run_cli, tmp_path, monkeypatc
 
 def test_a_relative_prompt_file_is_read_from_the_working_directory(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.txt").write_text("a red circle\na blue square\n")
+    (tmp_path / "train.txt").write_text("a large red circle at the top left on a white background\n"
+                                        "a small blue square in the middle against a black background\n")
     code, out, err = run_cli("-S", "prompts.train_file=train.txt", command="config")
     assert code == 0, err
     assert yaml.safe_load(out)["prompts"]["train_file"] == "train.txt"
     with pytest.raises(ConfigError, match="no file at"):
         monkeypatch.chdir(tmp_path.parent)
         resolve_config("shapes-tiny", "sol_rl", [("prompts.train_file", "train.txt")])
+
+
+SHAPES_CAPTION = "a large red circle at the top left on a white background"
+
+
+@pytest.mark.parametrize("key", ["prompts.train_file", "prompts.eval_file"])
+@pytest.mark.parametrize("command", ["run", "config"])
+def test_a_prompt_line_outside_the_shapes_grammar_is_one_line_before_anything_starts(run_cli, tmp_path, key,
+                                                                                     command):
+    """Was: accepted, the output directory made, and the run failing after it started ("run failed:
+    ValueError: not a shapes caption", exit 1). shapes-tiny's reward reads prompts by the world's
+    caption grammar, so the file is parsed by it when the config is resolved."""
+    target = tmp_path / "prompts.txt"
+    target.write_text(f"{SHAPES_CAPTION}\n\na red circle\x00 on white\n")
+    code, out, err = run_cli("-S", f"{key}={target}", command=command)
+    assert_user_error(code, out, err, key, f"line 3 of {target}", "shapes-compliance", "not a shapes caption",
+                      "\\x00", SHAPES_CAPTION)
+
+
+def test_real_presets_and_grammar_free_rewards_accept_any_prompt_text(run_cli, tmp_path):
+    target = tmp_path / "prompts.txt"
+    target.write_text("a red circle\x00 on white\na bowl of ramen, top view\n")
+    for arguments in (["--preset", "flux-imagereward"], ["-S", "rewards={shapes-aesthetic: 1.0}",
+                                                         "-S", "eval.rewards=[shapes-aesthetic]"]):
+        code, out, err = run_cli(*arguments, "-S", f"prompts.train_file={target}", "-S",
+                                 f"prompts.eval_file={target}", command="config")
+        assert code == 0, err
+        assert yaml.safe_load(out)["prompts"]["train_file"] == str(target)
+
+
+def test_shapes_captions_in_every_surface_form_are_accepted(run_cli, tmp_path):
+    target = tmp_path / "prompts.txt"
+    target.write_text(f"{SHAPES_CAPTION}\nOne small green triangle in the middle and a large blue square on the "
+                      "right against a black background.\n")
+    code, out, err = run_cli("-S", f"prompts.train_file={target}", command="config")
+    assert code == 0, err
 
 
 def test_the_paper_presets_prompt_files_exist():
