@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solrl_core import stages  # noqa: E402
-from solrl_core.accounting import BACKEND_PRECISION, DeviceModel, count_flops  # noqa: E402
+from solrl_core.accounting import DeviceModel, backend_precision, count_flops  # noqa: E402
 from solrl_core.config import parse_override  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.models.adapters import OLD, active_adapter  # noqa: E402
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     flops = {"none": count_flops(forward("none"))}
     for backend in BACKENDS:
         flops[backend] = count_flops(forward(backend), frozenset(explorers[backend].layer_names))
-    modeled = {name: DeviceModel("B200", config.accounting.utilization, BACKEND_PRECISION[name]).hours(
-        flops[name], BACKEND_PRECISION[name]) for name in names}
+    modeled = {name: DeviceModel("B200", config.accounting.utilization, backend_precision(name)).hours(
+        flops[name], backend_precision(name)) for name in names}
     result = {
         "preset": args.preset, "batch": args.batch, "repeats": args.repeats,
         "device": str(policy.device), "dtype": str(policy.dtype).removeprefix("torch."),

@@ -39,8 +39,19 @@ MEASURED_STEP_COST: dict[str, dict[str, float]] = {
     # which is conservative for Sol-RL. Update and evaluation: BF16 FLOPs, as in the peak profile.
     "B200-measured": {"fp4": 0.46},
 }
-# The precision the explorer's quantized layers run at, per backend.
-BACKEND_PRECISION = {"none": "bf16", "emulated-nvfp4": "fp4", "te-nvfp4": "fp4", "fp8": "fp8"}
+# The CUDA capability of each profile's device: what explore.backend=auto resolves to there.
+PROFILE_CAPABILITY = {"B200": (10, 0), "B200-measured": (10, 0), "H100": (9, 0), "H200": (9, 0)}
+
+
+def backend_precision(backend: str, device: str = "B200") -> str:
+    """The precision the explorer's quantized layers run at on the modeled device (the backend's
+    record in solrl_core.quant.backends; ``auto`` as it resolves on that device). An unknown
+    backend is an error, never a silent BF16."""
+    from solrl_core.quant.backends import precision_on_profile
+
+    return precision_on_profile(backend, PROFILE_CAPABILITY.get(device, (10, 0)))
+
+
 TRAINING_STAGES = ("explore", "rank", "regenerate", "update", "requantize")
 
 # The CPU build of SDPA is not in flop_counter's registry; without these, attention counts zero.
@@ -65,7 +76,10 @@ def profile_problem(device: str, backend: str) -> str | None:
     """Why this device profile cannot model this explorer backend, or None when it can."""
     if device not in DEVICE_PROFILES:
         return f"unknown accounting.device '{device}'; allowed: {', '.join(DEVICE_PROFILES)}"
-    precision = BACKEND_PRECISION.get(backend, "bf16")
+    try:
+        precision = backend_precision(backend, device)
+    except ValueError as error:
+        return str(error)
     if DEVICE_PROFILES[device][precision] is None:
         return (f"accounting.device {device} has no {precision.upper()} tensor cores for explore.backend {backend}; "
                 f"use explore.backend=fp8 (the Hopper explorer) or accounting.device=B200")
@@ -249,7 +263,7 @@ def stage_hours(model: DeviceModel, flops: dict[str, Flops]) -> dict[str, float]
 
 def device_model(config) -> DeviceModel:
     return DeviceModel(config.accounting.device, config.accounting.utilization,
-                       BACKEND_PRECISION.get(config.explore.backend, "bf16"))
+                       backend_precision(config.explore.backend, config.accounting.device))
 
 
 # ---------------------------------------------------------------------------------------------

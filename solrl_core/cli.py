@@ -87,6 +87,16 @@ def resolve_from_args(args: argparse.Namespace):
                           "sol_rl" if args.family is None else args.family, overrides)
 
 
+def check_explorer_backend(config) -> None:
+    """An explorer backend this machine cannot run (te-nvfp4 off Blackwell) is one line, exit 2."""
+    from solrl_core.quant.backends import BackendUnavailable, check_runs_here
+
+    try:
+        check_runs_here(config.explore.backend, config.model.device)
+    except BackendUnavailable as error:
+        raise UserError(str(error)) from None
+
+
 def command_run(args: argparse.Namespace) -> int:
     from solrl_core import distributed
     from solrl_core.launch import from_arguments
@@ -134,6 +144,7 @@ def _run_one_process(args: argparse.Namespace, config, out_dir: Path) -> int:
     try:
         # Cheap file checks first, so missing weights stop the run before Prefect starts.
         check_model_files(config.model)
+        check_explorer_backend(config)
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
         writable_or_raise(out_dir)
         parameters = dict(iterations=args.iterations, overrides=list(args.overrides), tracking=not args.no_tracking,
@@ -168,6 +179,7 @@ def _start_torchrun(args, launch, config, out_dir: Path, writer: bool) -> int:
 
     try:
         check_model_files(config.model)
+        check_explorer_backend(config)
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None

@@ -71,8 +71,11 @@ class SamplerConfig:
 class QuantConfig:
     # fnmatch patterns on qualified module names that stay in full precision.
     skip: list[str] = field(default_factory=list)
-    # Linear layers with max(in, out) <= min_dim stay in full precision.
+    # Layers (Linear, 1x1 Conv2d) with max(in, out) <= min_dim stay in full precision.
     min_dim: int = 0
+    # Sibling layers one reference model holds fused, e.g. "attn2.to_k+attn2.to_v" (SANA's
+    # kv_linear): for min_dim their out is the fused width.
+    fused: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -8,10 +8,11 @@ preset + a reward + the paper's defaults (PAPER_DEFAULTS). Their weights load fr
 only: ``-S model.path=DIR``, the model's env var (SOLRL_FLUX_PATH, SOLRL_SANA_PATH,
 SOLRL_SD35_PATH), or the local Hugging Face cache.
 
-The explorer backend of the real presets is ``emulated-nvfp4``, which runs on any GPU but is not
-fast. Pick the cheap precision of the machine with ``-S explore.backend=...``: ``fp8`` on Hopper
-or Ada (H100/H200, sm_89+: real FP8 GEMMs), ``te-nvfp4`` on Blackwell (B200, sm_100+, needs the
-``gpu`` extra).
+The explorer backend of the real presets is ``auto``: ``te-nvfp4`` on Blackwell (B200, sm_100+,
+with the ``gpu`` extra installed), ``fp8`` on Hopper or Ada (H100/H200, sm_89+: real FP8 GEMMs),
+``emulated-nvfp4`` anywhere else; the run logs its choice and records it in the summary and in
+MLflow. An explicit ``-S explore.backend=...`` that the machine cannot run stops before loading.
+Real presets keep text encoders and the VAE off the GPU between uses (``model.offload_encoders``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,21 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts_data"
 
-# SANA: patch embedder, timestep / caption conditioning, the output head.
-SANA_QUANT_SKIP = ["patch_embed.*", "time_embed.*", "caption_projection.*", "norm_out.*", "proj_out"]
-# SD3: patch embedder, timestep / pooled-text conditioning, context embedder, AdaLN linears, head.
+# The reference's rules (NVlabs/Sana train_scripts/sol_rl configs: skip modules and
+# nvfp4_min_dim; a layer is kept when max(in, out) > min_dim), restated for diffusers' names.
+# SANA: patch embedder, timestep / caption conditioning, the output head, and the self-attention
+# q/k/v (the reference skips its fused attn.qkv by name). Its cross-attention k and v are one
+# 2240 -> 4480 kv_linear there, quantized, so they are a fused pair here; the feed-forward's 1x1
+# convolutions (2240 -> 11200, 5600 -> 2240) are quantized like the reference's linear FFN; the
+# depthwise 3x3 convolution is no GEMM and stays as it is.
+SANA_QUANT_SKIP = ["patch_embed.*", "time_embed.*", "caption_projection.*", "norm_out.*", "proj_out",
+                   "*.attn1.to_q", "*.attn1.to_k", "*.attn1.to_v"]
+SANA_QUANT_FUSED = ["attn2.to_k+attn2.to_v"]
+# SD3: patch embedder, timestep / pooled-text conditioning, context embedder, AdaLN linears, head,
+# and the context stream's feed-forward (the reference skips ff_context). At min_dim 2432, SD3.5-L's
+# hidden size, its attention projections (2432 x 2432) stay BF16 in the reference as well.
 SD3_QUANT_SKIP = ["pos_embed.*", "time_text_embed.*", "context_embedder", "*norm1.linear", "*norm1_context.linear",
-                  "norm_out.*", "proj_out"]
+                  "norm_out.*", "proj_out", "*.ff_context.*"]
 ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
 JOINT_ATTENTION = ATTENTION + ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
 PAPER_REWARDS = ["imagereward", "clipscore", "pickscore", "hpsv2"]
@@ -87,13 +98,15 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
             "train": {"timestep_fraction": 0.4, "lora": {"targets": ATTENTION}},
             "eval": {"steps": 28},
         },
+        # Settings that follow others unless set themselves: FLUX's shift from its resolution.
+        "derived": {"sampler.shift": lambda config: flux_shift(config.model.resolution)},
     },
     "sana-1.6b": {
         "description": "SANA 1.6B (SanaPipeline), 1024 px, Euler",
         "settings": {
             "model": {"loader": "sana", "resolution": 1024},
             "sampler": {"kind": "euler", "shift": 3.0},
-            "quant": {"skip": SANA_QUANT_SKIP, "min_dim": 2240},
+            "quant": {"skip": SANA_QUANT_SKIP, "min_dim": 2240, "fused": SANA_QUANT_FUSED},
             # Self-attention (attn1) and cross-attention (attn2) projections share these names.
             "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
             "eval": {"steps": 40},
@@ -117,8 +130,8 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "pool": 96,
     "keep": 24,
     "prompts_per_iteration": 48,
-    "model": {"dtype": "auto"},
-    "explore": {"backend": "emulated-nvfp4", "steps": 6, "chunk": 24},
+    "model": {"dtype": "auto", "offload_encoders": True},
+    "explore": {"backend": "auto", "steps": 6, "chunk": 24},
     "regenerate": {"steps": 10, "chunk": 24},
     "prompts": {"train_file": str(PROMPTS_DIR / "train.txt"), "eval_file": str(PROMPTS_DIR / "eval.txt")},
     "train": {"lr": 3e-4, "steps_per_iteration": 1, "micro_batch": 2, "lora": {"rank": 32, "alpha": 64}},
@@ -145,6 +158,7 @@ def real_preset(model: str, rewards: dict[str, float]) -> dict[str, Any]:
         "description": f"{MODEL_PRESETS[model]['description']}; Sol-RL against {names}",
         "model_preset": model,
         "settings": merged(PAPER_DEFAULTS, MODEL_PRESETS[model]["settings"], {"rewards": rewards}),
+        "derived": MODEL_PRESETS[model].get("derived", {}),
     }
 
 
@@ -188,9 +202,17 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
         if key in ("preset", "family"):
             raise ConfigError(f"set {key} with --{key}, not -S")
         apply_mapping(config, {key: value})
+    _apply_derived(config, PRESETS[preset].get("derived", {}), {key for key, _ in overrides or []})
     validate(config)
     check_prompt_files(config)
     return config
+
+
+def _apply_derived(config: Config, derived: dict[str, Any], overridden: set[str]) -> None:
+    """A preset's derived settings (key -> rule of the config), except where the user set the key."""
+    for key, rule in derived.items():
+        if key not in overridden:
+            apply_mapping(config, {key: rule(config)})
 
 
 def rollout_steps(config: Config) -> int:

@@ -21,6 +21,7 @@ from solrl_core.models.registry import load_policy
 from solrl_core.nft import ema_decay, group_advantages, nft_loss, old_policy_rate, optimality_weight
 from solrl_core.presets import rollout_steps
 from solrl_core.progress import progress
+from solrl_core.quant.backends import check_runs_here
 from solrl_core.quant.explorer import Explorer, build_explorer
 from solrl_core.rewards.registry import RewardFailure, RewardScores, RewardSet, finite_mean
 from solrl_core.sampling import sample
@@ -97,6 +98,7 @@ class UpdateReport:
 
 
 def initial_state(config: Config) -> RunState:
+    check_runs_here(config.explore.backend, config.model.device)  # one line before anything loads
     torch.manual_seed(config.seed)
     policy = load_policy(config)
     lora = config.train.lora
@@ -114,9 +116,10 @@ def quantize(state: RunState) -> dict:
     started = time.perf_counter()
     config = state.config
     state.explorer = build_explorer(state.policy.transformer, config.explore.backend, config.quant.skip,
-                                    config.quant.min_dim)
+                                    config.quant.min_dim, config.quant.fused)
     state.explorer.requantize(state.policy.transformer, adapter=OLD)
-    return {"backend": config.explore.backend, "quantized_layers": len(state.explorer.layer_names),
+    # backend: the one that runs (explore.backend=auto resolved for this device)
+    return {**state.explorer.describe(state.policy.transformer), "requested": config.explore.backend,
             "seconds": time.perf_counter() - started}
 
 

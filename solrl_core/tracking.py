@@ -156,6 +156,10 @@ class MlflowObserver(RunObserver):
     def on_end(self, summary: dict) -> None:
         from mlflow.entities import RunTag
 
+        from mlflow.entities import Param
+
+        if "explore_backend" in summary:  # explore.backend=auto as this machine resolved it
+            self.client.log_batch(self.run_id, params=[Param("explore.backend_resolved", summary["explore_backend"])])
         outputs = {name: Path(path) for name, path in summary.get("outputs", {}).items()}
         tags = dvc_hash_tags({**outputs, "base_checkpoint": base_checkpoint(self.config)})
         self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])

@@ -160,7 +160,8 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
             observer.on_start(config, out_dir)
         else:
             observer.on_resume(config, out_dir, checkpoint.base_eval, history)
-    log(f"explorer: {quantize_report['backend']} on {quantize_report['quantized_layers']} Linear layers; "
+    log(f"explorer: {quantize_report['backend']} (explore.backend {quantize_report['requested']}) on "
+        f"{quantize_report['quantized_layers']} layers, {quantize_report['quantized_share']:.0%} of the weights; "
         f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
     base_eval, first = _starting_point(state, runner, observers, out_dir, checkpoint, log)
     evaluations = [{"iteration": -1, **base_eval}]
@@ -222,6 +223,7 @@ def _summary(state, out_dir: Path, evaluations: list[dict], seconds: float, chec
         "seconds": round(seconds, 2),
         "resumed_from_iteration": checkpoint.next_iteration if checkpoint is not None else None,
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
+        "explore_backend": state.explorer.backend,  # explore.backend=auto resolved for this device
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
         "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT)},
         "config": to_dict(config),

@@ -310,9 +310,10 @@ def test_requantize_leaves_the_model_parameters_untouched(model, backend):
 
 
 def test_unknown_backend_is_a_clear_error_naming_the_allowed_ones(model):
-    with pytest.raises(ValueError, match="allowed: none, emulated-nvfp4, fp8, te-nvfp4"):
+    # auto and fp8-rowwise joined the list with issue 12 (auto: the real presets' default).
+    with pytest.raises(ValueError, match="allowed: auto, none, emulated-nvfp4, fp8, fp8-rowwise, te-nvfp4"):
         build_explorer(model, "nvfp4", FLUX_LIKE_SKIP, MIN_DIM)
-    assert BACKENDS == ("none", "emulated-nvfp4", "fp8", "te-nvfp4")
+    assert BACKENDS == ("auto", "none", "emulated-nvfp4", "fp8", "fp8-rowwise", "te-nvfp4")
 
 
 def _has_blackwell_and_transformer_engine():

@@ -244,7 +244,8 @@ def test_real_presets_carry_spec_section_8(preset, model, resolution, sampler, f
     assert (config.model.resolution, config.sampler.kind, config.train.timestep_fraction) == (resolution, sampler, fraction)
     assert (config.quant.min_dim, config.eval.steps) == (min_dim, eval_steps)
     assert (config.pool, config.keep, config.prompts_per_iteration) == (96, 24, 48)
-    assert (config.explore.steps, config.regenerate.steps, config.explore.backend) == (6, 10, "emulated-nvfp4")
+    # auto since issue 12: te-nvfp4 / fp8 / emulated-nvfp4 by what the machine has (tests/test_explorer_backends.py)
+    assert (config.explore.steps, config.regenerate.steps, config.explore.backend) == (6, 10, "auto")
     assert config.train.lora.rank == 32 and config.train.lora.alpha == 64
     assert set(config.eval.rewards) == {"imagereward", "clipscore", "pickscore", "hpsv2"}
     assert config.quant.skip, "embedders and the output head stay in full precision"
@@ -260,9 +261,13 @@ def test_model_specific_settings():
     sd3 = resolve_config("sd35l-pickscore", "sol_rl")
     assert {"add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"} <= set(sd3.train.lora.targets)
     assert set(MODEL_PRESETS) == {"flux.1-dev", "sana-1.6b", "sd3.5-large"}
-    # Backends are chosen per machine with -S; the preset default runs anywhere.
+    # The preset default picks the machine's backend (auto, issue 12); -S still chooses one.
     assert resolve_config("flux-imagereward", "sol_rl", [("explore.backend", "fp8")]).explore.backend == "fp8"
-    assert PAPER_DEFAULTS["explore"]["backend"] == "emulated-nvfp4"
+    assert PAPER_DEFAULTS["explore"]["backend"] == "auto"
+    # FLUX's shift follows the resolution unless set (issue 12: 1024 px kept 512 px's 1.878).
+    assert resolve_config("flux-imagereward", "sol_rl", [("model.resolution", 1024)]).sampler.shift == flux_shift(1024)
+    assert resolve_config("flux-imagereward", "sol_rl", [("model.resolution", 1024),
+                                                         ("sampler.shift", 2.0)]).sampler.shift == 2.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,10 +334,9 @@ def test_flux_dev_modeled_weight_memory():
     assert memory.total < 0.41 * memory.three_copies
 
 
-@pytest.mark.xfail(strict=True, reason="the explorer quantizes nn.Linear only; SANA's feed-forward is GLUMBConv "
-                                       "(1x1 / depthwise Conv2d) and its attention linears are 2240 wide, so at "
-                                       "min_dim 2240 nothing is quantized")
 def test_sana_explorer_quantizes_part_of_sana_1600m():
+    """Was a strict xfail until issue 12 (1x1 convolutions and SANA's fused kv pair are quantized
+    now; the exact layer set is in tests/test_explorer_backends.py)."""
     from diffusers import SanaTransformer2DModel
 
     from solrl_core.quant.explorer import select_quantized_layers
@@ -343,4 +347,4 @@ def test_sana_explorer_quantizes_part_of_sana_1600m():
                                        cross_attention_dim=2240, caption_channels=2304, mlp_ratio=2.5,
                                        sample_size=32, patch_size=1)
     quant = MODEL_PRESETS["sana-1.6b"]["settings"]["quant"]
-    assert select_quantized_layers(model, quant["skip"], quant["min_dim"])
+    assert select_quantized_layers(model, quant["skip"], quant["min_dim"], quant["fused"])

@@ -2,6 +2,12 @@
 
 The reference policy of the KL term is the base itself (adapters disabled), so the pipeline
 holds one copy of the base weights however many policies it uses.
+
+Adapters are fp32 over a base of any dtype, as in the reference codes: diffusers' add_adapter
+moves them to the base layer's dtype, and in bf16 an update of ~3e-4 on a weight of ~0.03 loses
+a fifth to a half of itself to rounding, and weight decay x lr vanishes entirely. peft casts a
+layer's input to its adapter's dtype and the sum back to the base's, so only the small LoRA
+matmuls run in fp32; the weights, their gradients and AdamW's state are fp32.
 """
 
 from __future__ import annotations
@@ -26,12 +32,19 @@ def attach_adapters(transformer: torch.nn.Module, rank: int, alpha: int, targets
         warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
         for name in ADAPTERS:
             transformer.add_adapter(config, adapter_name=name)
+    _adapters_to_fp32(transformer)
     copy_adapter(transformer, source=TRAINED, target=OLD)
     copy_adapter(transformer, source=TRAINED, target=EMA)
     transformer.requires_grad_(False)
     for parameter in adapter_parameters(transformer, TRAINED).values():
         parameter.requires_grad_(True)
     transformer.set_adapter(TRAINED)
+
+
+def _adapters_to_fp32(transformer: torch.nn.Module) -> None:
+    for name, parameter in transformer.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            parameter.data = parameter.data.float()
 
 
 def adapter_parameters(transformer: torch.nn.Module, adapter: str) -> dict[str, torch.nn.Parameter]:

@@ -16,18 +16,23 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from solrl_core.quant.explorer import _linear_layers, select_quantized_layers
+from solrl_core.quant.backends import BACKEND_SPECS
+from solrl_core.quant.explorer import _linear_layers, layer_features, quantizable_layers, select_quantized_layers
 
 GIB = 2**30
 
 
 @dataclass(frozen=True)
 class ExplorerStorage:
-    """Bytes the explorer caches per quantized layer: per weight element, per bias element, per tensor."""
+    """Bytes the explorer caches per quantized layer: per weight element (0: packed NVFP4, counted
+    by nvfp4_weight_bytes, times ``nvfp4_copies``), per bias element (None: the model's dtype),
+    per tensor and per output row."""
 
     weight: float
-    bias: float
+    bias: float | None
     per_tensor: float
+    per_row: float = 0
+    nvfp4_copies: int = 1
 
 
 def nvfp4_weight_bytes(in_features: int, out_features: int) -> int:
@@ -37,12 +42,24 @@ def nvfp4_weight_bytes(in_features: int, out_features: int) -> int:
 
 
 EXPLORER_STORAGE = {
-    # As the backends of quant/explorer.py cache them today.
-    "emulated-nvfp4": ExplorerStorage(weight=4, bias=4, per_tensor=0),  # dequantized fp32 weight and bias
-    "fp8": ExplorerStorage(weight=1, bias=4, per_tensor=4),  # E4M3 weight, fp32 scale and bias
-    # What an NVFP4 explorer needs: packed weights (counted by nvfp4_weight_bytes), bf16 bias, fp32 scale.
-    "nvfp4-packed": ExplorerStorage(weight=0, bias=2, per_tensor=4),
+    # As the backends of quant/explorer.py cache them (solrl_core.quant.backends names each one's).
+    "none": ExplorerStorage(weight=0, bias=0, per_tensor=0, nvfp4_copies=0),
+    # emulated-nvfp4: packed codes + E4M3 block scales, fp32 tensor scale, bias in the model's dtype.
+    "nvfp4-packed": ExplorerStorage(weight=0, bias=None, per_tensor=4),
+    "fp8-tensor": ExplorerStorage(weight=1, bias=None, per_tensor=4, nvfp4_copies=0),  # E4M3 + fp32 scale
+    "fp8-row": ExplorerStorage(weight=1, bias=None, per_tensor=0, per_row=4, nvfp4_copies=0),
+    # te-nvfp4: quantized parameters only (quantized_model_init); an upper bound that counts the
+    # row-wise and the column-wise NVFP4 copy a TE weight may keep for a backward pass, not verified
+    # on a GPU. bf16 bias, fp32 amax.
+    "te-nvfp4": ExplorerStorage(weight=0, bias=2, per_tensor=4, nvfp4_copies=2),
 }
+
+
+def storage_of(storage_or_backend: str) -> ExplorerStorage:
+    """The storage record of a storage key or of an explorer backend's name."""
+    if storage_or_backend in BACKEND_SPECS:
+        storage_or_backend = BACKEND_SPECS[storage_or_backend].storage
+    return EXPLORER_STORAGE[storage_or_backend]
 
 
 @dataclass(frozen=True)
@@ -76,28 +93,29 @@ def base_parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if ".lora_" not in name)
 
 
-def explorer_bytes(model: torch.nn.Module, layer_names: list[str], storage: str) -> int:
-    spec = EXPLORER_STORAGE[storage]
-    layers = dict(_linear_layers(model))
+def explorer_bytes(model: torch.nn.Module, layer_names: list[str], storage: str, base_bytes: int = 2) -> int:
+    spec = storage_of(storage)
+    layers = dict(quantizable_layers(model))
     total = 0.0
     for name in layer_names:
-        linear = layers[name]
-        weight = (nvfp4_weight_bytes(linear.in_features, linear.out_features) if storage == "nvfp4-packed"
-                  else spec.weight * linear.in_features * linear.out_features)
-        bias = spec.bias * linear.out_features if linear.bias is not None else 0
-        total += weight + bias + spec.per_tensor
+        layer = layers[name]
+        in_features, out_features = layer_features(layer)
+        weight = spec.nvfp4_copies * nvfp4_weight_bytes(in_features, out_features) + spec.weight * in_features * out_features
+        bias = (base_bytes if spec.bias is None else spec.bias) * out_features if layer.bias is not None else 0
+        total += weight + bias + spec.per_tensor + spec.per_row * out_features
     return int(total)
 
 
 def weight_memory(model: torch.nn.Module, *, targets: list[str], rank: int, skip: list[str], min_dim: int,
                   storage: str = "nvfp4-packed", base_bytes: int = 2, lora_bytes: int = 4,
-                  adapters: int = 3) -> WeightMemory:
-    """Modeled weight bytes. LoRA weights are fp32 (peft upcasts adapters of bf16 models);
-    ``adapters`` = trained + sampling + EMA."""
+                  adapters: int = 3, fused: list[str] = ()) -> WeightMemory:
+    """Modeled weight bytes. LoRA weights are fp32 over any base: attach_adapters casts them
+    (diffusers' add_adapter alone would leave them in the base's dtype); ``adapters`` = trained +
+    sampling + EMA. AdamW's two fp32 moments of the trained adapter are not weights and not here."""
     base = base_parameter_count(model) * base_bytes
-    layers = select_quantized_layers(model, skip, min_dim)
+    layers = select_quantized_layers(model, skip, min_dim, fused)
     return WeightMemory(base=base, lora=adapters * lora_parameter_count(model, targets, rank) * lora_bytes,
-                        explorer=explorer_bytes(model, layers, storage), three_copies=3 * base)
+                        explorer=explorer_bytes(model, layers, storage, base_bytes), three_copies=3 * base)
 
 
 # FLUX.1-dev's transformer config (black-forest-labs/FLUX.1-dev, transformer/config.json).

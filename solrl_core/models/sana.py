@@ -15,7 +15,8 @@ from solrl_core.models.policy import FlowPolicy
 SANA_1600M = PipelineModel(
     name="sana-1.6b",
     pipeline="SanaPipeline",
-    hub_repo="Efficient-Large-Model/Sana_1600M_1024px_diffusers",
+    # The BF16 release, as the reference loads it (the default one is fp16/fp32 weights).
+    hub_repo="Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers",
     env_var="SOLRL_SANA_PATH",
     components=("transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
     tokenizers=(("tokenizer", "text_encoder"),),
@@ -39,10 +40,12 @@ def latent_side(resolution: int, vae) -> int:
 def sana_forward(transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor,
                  conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
     # The pipeline feeds the scheduler's timestep (sigma * 1000) times the model's timestep_scale.
-    timestep = sigma * 1000 * transformer.config.timestep_scale
+    # In fp32: the sinusoidal embedding casts to the model's dtype only after it; a bf16 timestep
+    # would be rounded to steps of 4 near 1000 first.
+    timestep = sigma.float() * 1000 * transformer.config.timestep_scale
     return transformer(latents, encoder_hidden_states=conditioning["prompt_embeds"],
                        encoder_attention_mask=conditioning["prompt_attention_mask"],
-                       timestep=timestep.to(latents.dtype), return_dict=False)[0]
+                       timestep=timestep, return_dict=False)[0]
 
 
 def load_sana(model_config: ModelConfig, device: torch.device, dtype: torch.dtype,

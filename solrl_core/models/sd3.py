@@ -31,8 +31,9 @@ def latent_side(resolution: int, vae, patch: int) -> int:
 
 def sd3_forward(transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor,
                 conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
-    # The SD3 pipeline feeds the scheduler's timestep, sigma * 1000.
-    return transformer(hidden_states=latents, timestep=(sigma * 1000).to(latents.dtype),
+    # The SD3 pipeline feeds the scheduler's timestep, sigma * 1000; in fp32, as the sinusoidal
+    # embedding casts to the model's dtype only after it (bf16 would round it to steps of 4).
+    return transformer(hidden_states=latents, timestep=sigma.float() * 1000,
                        encoder_hidden_states=conditioning["prompt_embeds"],
                        pooled_projections=conditioning["pooled_prompt_embeds"], return_dict=False)[0]
 

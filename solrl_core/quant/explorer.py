@@ -1,76 +1,133 @@
 """The explorer: the policy with its large Linear layers in a cheap precision (SPEC §2-§3).
 
 The explorer is not a second model. It is a set of quantized weights, cached per requantize,
-plus a context manager that swaps the forwards of the selected Linear layers of the policy for
+plus a context manager that swaps the forwards of the selected layers of the policy for
 quantized ones. Merging the "old" LoRA adapter into those cached weights is what makes the
 explorer sample like the sampling policy; layers left in high precision keep running whatever
 adapter the caller has active.
 
-Backends:
+A quantizable layer is an nn.Linear or a 1x1 nn.Conv2d (stride 1, no padding, one group): over a
+[B, C, H, W] tensor such a convolution is a Linear over its C channels at every pixel, and a
+channels-last token tensor (SANA's feed-forward) is exactly that Linear's row-major input.
+
+Backends (solrl_core.quant.backends holds their records, and what ``auto`` picks):
 - "none": no quantization (the explorer is the policy itself).
-- "emulated-nvfp4": W4A4 NVFP4 numerics in plain torch (quantize-dequantize), any device.
-- "fp8": FP8 E4M3 per-tensor current scaling; real FP8 GEMMs on sm_89+, emulated elsewhere.
-- "te-nvfp4": Transformer Engine's NVFP4BlockScaling on Blackwell (sm_100+).
+- "emulated-nvfp4": exact W4A4 NVFP4 numerics; bf16 tensor-core GEMMs on a GPU.
+- "fp8" / "fp8-rowwise": FP8 E4M3 current scaling; real FP8 GEMMs on sm_89+ / sm_90+.
+- "te-nvfp4": Transformer Engine's NVFP4BlockScaling (1x16 blocks) on Blackwell (sm_100+).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from contextlib import ExitStack, contextmanager
-from functools import partial
-from typing import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solrl_core.quant.fp8 import fp8_linear, quantize_fp8
+from solrl_core.quant.backends import AUTO, BACKEND_SPECS, BACKENDS, BackendUnavailable, resolve_backend, spec
+from solrl_core.quant.fp8 import FP8Tensor, fp8_matmul, quantize_activation, quantize_fp8
 from solrl_core.quant.nvfp4 import fake_quantize_nvfp4
 
-BACKENDS = ("none", "emulated-nvfp4", "fp8", "te-nvfp4")
-TE_MIN_CAPABILITY = (10, 0)
+__all__ = ["BACKENDS", "BackendUnavailable", "Explorer", "build_explorer", "effective_linear_weights",
+           "quantizable_layers", "select_quantized_layers"]
 
 
 # --- which layers ----------------------------------------------------------------------------
 
 
-def _is_lora_wrapped_linear(module: nn.Module) -> bool:
+def _is_pointwise_conv(module: nn.Module) -> bool:
+    return (isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and module.stride == (1, 1)
+            and module.padding == (0, 0) and module.dilation == (1, 1) and module.groups == 1)
+
+
+def _is_quantizable_base(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or _is_pointwise_conv(module)
+
+
+def _is_lora_wrapped(module: nn.Module, base_test: Callable[[nn.Module], bool]) -> bool:
     # peft is imported here, not at the top: importing this module just for BACKENDS (config
     # validation) must stay cheap and quiet, and peft pulls in torchao, which logs warnings.
-    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
 
-    return isinstance(module, LoraLinear) and isinstance(module.base_layer, nn.Linear)
+    return isinstance(module, LoraLayer) and base_test(getattr(module, "base_layer", None))
 
 
-def _linear_layers(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """(qualified name, underlying nn.Linear) of each Linear, a LoRA wrapper counting as one.
+def _is_lora_wrapped_linear(module: nn.Module) -> bool:
+    return _is_lora_wrapped(module, lambda base: isinstance(base, nn.Linear))
 
-    named_modules() visits a wrapper before its children, so the wrapper's prefix is known by
-    the time its base_layer and lora_A / lora_B Linears come up, and they are passed over.
-    """
+
+def _walk(model: nn.Module, base_test: Callable[[nn.Module], bool]) -> Iterator[tuple[str, nn.Module]]:
+    """(qualified name, underlying layer) of each layer passing ``base_test``, a LoRA wrapper
+    counting as one. named_modules() visits a wrapper before its children, so the wrapper's
+    prefix is known by the time its base_layer and lora_A / lora_B come up, and they are passed over."""
     wrapper_prefixes: list[str] = []
     for name, module in model.named_modules():
         if any(name.startswith(prefix) for prefix in wrapper_prefixes):
             continue
-        if _is_lora_wrapped_linear(module):
+        if _is_lora_wrapped(module, base_test):
             wrapper_prefixes.append(name + ".")
             yield name, module.base_layer
-        elif isinstance(module, nn.Linear):
+        elif base_test(module):
             yield name, module
 
 
-def select_quantized_layers(model: nn.Module, skip: Sequence[str], min_dim: int) -> list[str]:
-    """Names of the Linear layers the explorer quantizes.
+def _linear_layers(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """(qualified name, underlying nn.Linear) of each Linear, a LoRA wrapper counting as one."""
+    yield from _walk(model, lambda module: isinstance(module, nn.Linear))
+
+
+def layer_features(layer: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a Linear or of a 1x1 convolution (its channels)."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    return layer.in_channels, layer.out_channels
+
+
+def quantizable_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(qualified name, underlying layer) of every Linear and 1x1 convolution."""
+    yield from _walk(model, _is_quantizable_base)
+
+
+def _fused_widths(layers: dict[str, nn.Module], fused: Sequence[str]) -> dict[str, int]:
+    """Output width of the layer a reference model holds fused, for each member name.
+
+    An entry "attn2.to_k+attn2.to_v" says: under one parent, these sibling layers read the same
+    input and are one Linear in the reference model (SANA's kv_linear), so the size rule sees
+    their summed output width."""
+    widths: dict[str, int] = {}
+    for entry in fused:
+        parts = [part for part in entry.split("+") if part]
+        for name in layers:
+            if not name.endswith(parts[0]) or not (name == parts[0] or name.endswith("." + parts[0])):
+                continue
+            prefix = name[: len(name) - len(parts[0])]
+            members = [prefix + part for part in parts]
+            if all(member in layers for member in members):
+                total = sum(layer_features(layers[member])[1] for member in members)
+                widths.update({member: total for member in members})
+    return widths
+
+
+def select_quantized_layers(model: nn.Module, skip: Sequence[str], min_dim: int,
+                            fused: Sequence[str] = ()) -> list[str]:
+    """Names of the layers the explorer quantizes.
 
     A layer is skipped when its qualified name matches any glob in `skip` (fnmatch, whole name,
-    case-sensitive) or when max(in_features, out_features) <= min_dim: small layers cost little
-    in high precision and are the most sensitive to quantization.
+    case-sensitive) or when max(in, out) <= min_dim: small layers cost little in high precision
+    and are the most sensitive to quantization. `out` is the fused width for members of a
+    `fused` group (see _fused_widths), as the reference applies the rule to its fused layers.
     """
+    layers = dict(quantizable_layers(model))
+    widths = _fused_widths(layers, fused)
     selected = []
-    for name, linear in _linear_layers(model):
+    for name, layer in layers.items():
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in skip):
             continue
-        if max(linear.in_features, linear.out_features) > min_dim:
+        in_features, out_features = layer_features(layer)
+        if max(in_features, widths.get(name, out_features)) > min_dim:
             selected.append(name)
     return selected
 
@@ -90,137 +147,158 @@ def _check_plain_lora(module: nn.Module, adapter: str) -> None:
         )
 
 
+def _matrix(weight: torch.Tensor) -> torch.Tensor:
+    """A Linear's [out, in] weight, or a 1x1 convolution's [out, in, 1, 1] one as [out, in]."""
+    return weight.detach().float().reshape(weight.shape[0], -1)
+
+
 def effective_linear_weights(
     module: nn.Module, adapter: str | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fp32 (weight [out, in], bias) of a Linear with `adapter`'s LoRA merged in, if it has one.
+    """fp32 (weight [out, in], bias) of a layer with `adapter`'s LoRA merged in, if it has one.
 
     Always new tensors (out-of-place adds on fp32 copies): the model is never written.
     """
-    wrapped = _is_lora_wrapped_linear(module)
+    wrapped = _is_lora_wrapped(module, _is_quantizable_base)
     base = module.base_layer if wrapped else module
-    weight = base.weight.detach().float()
+    weight = _matrix(base.weight)
     bias = None if base.bias is None else base.bias.detach().float()
     if wrapped and adapter is not None and adapter in module.lora_A:
         _check_plain_lora(module, adapter)
         scaling = module.scaling[adapter]
         lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
-        delta = lora_b.weight.detach().float() @ lora_a.weight.detach().float()
-        weight = weight + scaling * delta
+        weight = weight + scaling * (_matrix(lora_b.weight) @ _matrix(lora_a.weight))
         if lora_b.bias is not None:
             bias = bias + scaling * lora_b.bias.detach().float()
     return weight.clone(), None if bias is None else bias.clone()
 
 
+def _base_layer(module: nn.Module) -> nn.Module:
+    return module.base_layer if _is_lora_wrapped(module, _is_quantizable_base) else module
+
+
 # --- backends --------------------------------------------------------------------------------
-# Each backend turns (weight, bias) into a cached state once per requantize, and runs a forward
-# from that state and the input.
+# Each backend turns (weight, bias) into a cached entry once per requantize, quantizes an
+# activation, and multiplies the two. Entries are tuples of tensors, so their bytes can be counted.
 
 
 class _EmulatedNVFP4:
-    """W4A4 NVFP4 by quantize-dequantize, matmul in fp32.
+    """Exact W4A4 NVFP4: packed weights, bf16 tensor-core GEMMs on CUDA (quant/nvfp4_linear.py)."""
 
-    The cache holds the dequantized weight in fp32 (4 bytes per weight): simple and exact. A real
-    model would rather keep NVFP4Packed (0.5 bytes) and decode per forward; the decode is cheap
-    next to the matmul, so switch if memory gets tight.
-    """
+    def __init__(self):
+        from solrl_core.quant import nvfp4_linear
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        return fake_quantize_nvfp4(weight), bias
+        self.kernels = nvfp4_linear
 
-    def forward(self, cached, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = cached
-        # The activation is fake-quantized in fp32, so a bf16 input is not rounded a second time.
-        activation = fake_quantize_nvfp4(x.float())
-        return F.linear(activation, weight, bias).to(x.dtype)
+    def quantize_weight(self, weight, bias, dtype, previous=None):
+        return self.kernels.pack_weight(weight, bias, dtype)
+
+    def quantize_activation(self, x: torch.Tensor):
+        if x.is_cuda:
+            rows = self.kernels._pad_to_blocks(x.reshape(-1, x.shape[-1]))
+            return self.kernels._compiled(self.kernels.quantize_activation_scaled)(rows)
+        # Fake-quantized in fp32, so a bf16 input is not rounded a second time.
+        return fake_quantize_nvfp4(x.float())
+
+    def matmul(self, activation, cached, x: torch.Tensor) -> torch.Tensor:
+        kernels = self.kernels
+        bias = None if cached.bias is None else cached.bias.float()
+        if x.is_cuda:
+            x_values, x_scale = activation
+            w_values = kernels._compiled(kernels.decode_scaled_codes)(cached.codes, cached.block_scales)
+            out = kernels.factored_linear(x_values, x_scale, w_values, cached.tensor_scale, bias)
+        else:
+            out = F.linear(activation, kernels.dequantize_nvfp4(kernels._as_packed(cached)), bias)
+        return out.to(x.dtype).reshape(*x.shape[:-1], cached.codes.shape[0])
+
+
+class _FP8Weight(NamedTuple):
+    data: torch.Tensor  # float8_e4m3fn [out, in], contiguous
+    scale: torch.Tensor  # fp32 scalar, or [out, 1] row-wise
+    bias: torch.Tensor | None  # the model's dtype: the GEMM adds a bf16 bias itself
 
 
 class _FP8:
-    """FP8 E4M3 with per-tensor current scaling: weights per requantize, activations per call."""
+    """FP8 E4M3 with current scaling (quant/fp8.py says why this path and not torchao's)."""
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        weight_fp8, weight_scale = quantize_fp8(weight)
-        return weight_fp8.contiguous(), weight_scale, bias
+    def __init__(self, rowwise: bool = False):
+        self.rowwise = rowwise
 
-    def forward(self, cached, x: torch.Tensor) -> torch.Tensor:
-        weight_fp8, weight_scale, bias = cached
-        return fp8_linear(x, weight_fp8, weight_scale, bias, out_dtype=x.dtype)
+    def quantize_weight(self, weight, bias, dtype, previous=None):
+        data, scale = quantize_fp8(weight, rowwise=self.rowwise)
+        return _FP8Weight(data.contiguous(), scale, None if bias is None else bias.to(dtype))
 
+    def quantize_activation(self, x: torch.Tensor) -> FP8Tensor:
+        return quantize_activation(x, rowwise=self.rowwise)
 
-class _TransformerEngineNVFP4:
-    """NVFP4 GEMMs through Transformer Engine. Untestable on the CPU machines this project is
-    developed on (needs TE and an sm_100+ GPU); kept deliberately thin so there is little to get
-    wrong. TE quantizes the bf16 weight to NVFP4 inside its forward under the NVFP4 recipe."""
-
-    def __init__(self):
-        import transformer_engine.pytorch as te
-        from transformer_engine.common.recipe import NVFP4BlockScaling
-
-        self.te = te
-        self.recipe = NVFP4BlockScaling()
-
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        out_features, in_features = weight.shape
-        layer = self.te.Linear(
-            in_features, out_features, bias=bias is not None,
-            params_dtype=torch.bfloat16, device=weight.device,
-        )
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-            if bias is not None:
-                layer.bias.copy_(bias)
-        return layer.requires_grad_(False)
-
-    def _autocast(self):
-        # Newer TE renamed fp8_autocast(fp8_recipe=) to autocast(recipe=); accept either.
-        if hasattr(self.te, "autocast"):
-            return self.te.autocast(enabled=True, recipe=self.recipe)
-        return self.te.fp8_autocast(enabled=True, fp8_recipe=self.recipe)
-
-    def forward(self, layer, x: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
-            return layer(x.to(torch.bfloat16)).to(x.dtype)
+    def matmul(self, activation: FP8Tensor, cached: _FP8Weight, x: torch.Tensor) -> torch.Tensor:
+        out = fp8_matmul(activation, FP8Tensor(cached.data, cached.scale), cached.bias, x.dtype)
+        return out.reshape(*x.shape[:-1], cached.data.shape[0])
 
 
-def _missing_for_transformer_engine() -> list[str]:
-    missing = []
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except ImportError:
-        missing.append("the transformer_engine package")
-    if not torch.cuda.is_available():
-        missing.append("a CUDA GPU")
-    elif torch.cuda.get_device_capability() < TE_MIN_CAPABILITY:
-        major, minor = torch.cuda.get_device_capability()
-        missing.append(f"a Blackwell GPU (found {torch.cuda.get_device_name()}, sm_{major}{minor})")
-    return missing
+class _TransformerEngine:
+    """te-nvfp4 (quant/te_nvfp4.py); TE quantizes the activation inside its GEMM."""
+
+    def __init__(self, modules=None):
+        from solrl_core.quant.te_nvfp4 import TransformerEngineNVFP4
+
+        self.impl = TransformerEngineNVFP4(modules)
+        self.session = self.impl.session
+
+    def quantize_weight(self, weight, bias, dtype, previous=None):
+        return self.impl.quantize_weight(weight, bias, dtype, previous)
+
+    def quantize_activation(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def matmul(self, activation, cached, x: torch.Tensor) -> torch.Tensor:
+        return self.impl.forward(cached, x)
 
 
-def _require_transformer_engine() -> None:
-    missing = _missing_for_transformer_engine()
-    if missing:
-        raise RuntimeError(
-            "te-nvfp4 needs Transformer Engine and a Blackwell GPU (sm_100+); missing: "
-            + ", ".join(missing)
-            + ". Install the gpu extra (pip install -e '.[gpu]') on a Blackwell machine, "
-            "or use backend emulated-nvfp4 / fp8."
-        )
-
-
-def _make_backend(backend: str):
+def _make_backend(backend: str, device: torch.device | None = None, te_modules=None):
+    """The implementation of a resolved backend name; None for "none"."""
     if backend == "emulated-nvfp4":
         return _EmulatedNVFP4()
-    if backend == "fp8":
-        return _FP8()
+    if backend in ("fp8", "fp8-rowwise"):
+        return _FP8(rowwise=backend == "fp8-rowwise")
     if backend == "te-nvfp4":
-        _require_transformer_engine()
-        return _TransformerEngineNVFP4()
+        if te_modules is None:
+            resolve_backend(backend, device if device is not None else _default_cuda())
+        return _TransformerEngine(te_modules)
     return None  # "none"
 
 
-def _check_backend_name(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown explorer backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+def _default_cuda() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+# --- one quantized activation for the layers that read the same input ------------------------
+
+
+def _version_of(x: torch.Tensor) -> int | None:
+    try:
+        return x._version
+    except RuntimeError:  # inference-mode tensors track no version: never reused
+        return None
+
+
+class _SharedActivation:
+    """The last quantized activation, reused while the very same input tensor comes back
+    unchanged: q, k and v (and FLUX's proj_mlp) read one tensor, quantized once. The source is
+    held, so its identity cannot be taken by a new tensor while it is cached."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.source, self.version, self.value = None, None, None
+
+    def get(self, x: torch.Tensor, quantize: Callable[[torch.Tensor], object]):
+        version = _version_of(x)
+        if version is not None and self.source is x and self.version == version:
+            return self.value
+        self.source, self.version, self.value = x, version, quantize(x)
+        return self.value
 
 
 # --- the explorer ----------------------------------------------------------------------------
@@ -244,36 +322,57 @@ def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
 class Explorer:
     """Quantized forwards for `layer_names`, with weights cached by requantize()."""
 
-    def __init__(self, backend: str, layer_names: Sequence[str]):
-        _check_backend_name(backend)
+    def __init__(self, backend: str, layer_names: Sequence[str], device: torch.device | None = None,
+                 te_modules=None):
+        spec(backend)  # an unknown name is an error
         self.backend = backend
         self.layer_names = list(layer_names)
-        self._backend_impl = _make_backend(backend)
+        self._backend_impl = _make_backend(backend, device, te_modules)
         self._cached_weights: dict[str, object] = {}
+        self._shared = _SharedActivation()
 
     def requantize(self, model: nn.Module, adapter: str | None = "old") -> None:
         """Quantize each selected layer's weight (base + `adapter`'s LoRA delta) once, and cache it.
 
         adapter=None quantizes the base weights alone. Layers without that adapter use their base
-        weights too. The model is only read.
+        weights too. The model is only read. Each layer's old entry is dropped before its new one
+        is built, so the cache never exists twice; a failure leaves an empty cache, not a mix.
         """
         if self._backend_impl is None:
             return
-        with torch.no_grad():
-            self._cached_weights = {
-                name: self._backend_impl.quantize(
-                    *effective_linear_weights(model.get_submodule(name), adapter)
-                )
-                for name in self.layer_names
-            }
+        try:
+            with torch.no_grad():
+                for name in self.layer_names:
+                    module = model.get_submodule(name)
+                    previous = self._cached_weights.pop(name, None)
+                    weight, bias = effective_linear_weights(module, adapter)
+                    dtype = _base_layer(module).weight.dtype
+                    self._cached_weights[name] = self._backend_impl.quantize_weight(weight, bias, dtype, previous)
+                    del previous, weight, bias
+        except BaseException:
+            self._cached_weights = {}
+            raise
 
-    def _quantized_forward(self, name: str) -> Callable:
-        return partial(self._backend_impl.forward, self._cached_weights[name])
+    def _linear_forward(self, name: str) -> Callable:
+        impl, cached, shared = self._backend_impl, self._cached_weights[name], self._shared
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return impl.matmul(shared.get(x, impl.quantize_activation), cached, x)
+
+        return forward
+
+    def _quantized_forward(self, model: nn.Module, name: str) -> Callable:
+        linear = self._linear_forward(name)
+        if isinstance(_base_layer(model.get_submodule(name)), nn.Conv2d):
+            # [B, C, H, W] -> [B, H, W, C] tokens -> Linear -> back; no copy for channels-last input.
+            return lambda x: linear(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return linear
 
     @contextmanager
     def active(self, model: nn.Module) -> Iterator[None]:
         """Inside, the selected layers of `model` run quantized; their LoRA is bypassed because
-        it is merged into the cached weights. Forwards are restored on exit, also on exceptions."""
+        it is merged into the cached weights. Forwards are restored on exit, also on exceptions.
+        A backend with a session (Transformer Engine's autocast) enters it once, here."""
         if self._backend_impl is None:
             yield
             return
@@ -282,9 +381,20 @@ class Explorer:
             raise RuntimeError(
                 f"requantize() the explorer before use; no quantized weights for {missing[:3]}"
             )
-        forwards = {name: self._quantized_forward(name) for name in self.layer_names}
-        with _all_forwards_replaced(model, forwards):
-            yield
+        forwards = {name: self._quantized_forward(model, name) for name in self.layer_names}
+        session = getattr(self._backend_impl, "session", nullcontext)
+        try:
+            with session(), _all_forwards_replaced(model, forwards):
+                yield
+        finally:
+            self._shared.clear()
+
+    def describe(self, model: nn.Module) -> dict:
+        """What is quantized: layer count and the share of the model's weights they hold."""
+        quantized = sum(_base_layer(model.get_submodule(name)).weight.numel() for name in self.layer_names)
+        total = sum(p.numel() for name, p in model.named_parameters() if ".lora_" not in name)
+        return {"backend": self.backend, "quantized_layers": len(self.layer_names),
+                "quantized_parameters": quantized, "quantized_share": round(quantized / max(total, 1), 4)}
 
 
 @contextmanager
@@ -296,11 +406,18 @@ def _all_forwards_replaced(model: nn.Module, forwards: dict[str, Callable]) -> I
         yield
 
 
-def build_explorer(model: nn.Module, backend: str, skip: Sequence[str], min_dim: int) -> Explorer:
-    """Select the layers and check the backend can run here. Call requantize() before active().
+def _model_device(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
-    Backend "none" selects no layers: nothing runs quantized.
-    """
-    _check_backend_name(backend)
-    layer_names = [] if backend == "none" else select_quantized_layers(model, skip, min_dim)
-    return Explorer(backend, layer_names)
+
+def build_explorer(model: nn.Module, backend: str, skip: Sequence[str], min_dim: int,
+                   fused: Sequence[str] = ()) -> Explorer:
+    """Select the layers and check the backend can run here (``auto``: pick the one for the
+    model's device). Call requantize() before active(). Backend "none" selects no layers."""
+    if backend != AUTO and backend not in BACKEND_SPECS:
+        spec(backend)  # raises the error naming the allowed ones
+    device = _model_device(model)
+    backend = resolve_backend(backend, device) if backend in (AUTO, "te-nvfp4") else backend
+    layer_names = [] if backend == "none" else select_quantized_layers(model, skip, min_dim, fused)
+    return Explorer(backend, layer_names, device)

@@ -1,10 +1,27 @@
-"""FP8 E4M3 with per-tensor current scaling: the cheap explorer precision on Hopper (SPEC §3).
+"""FP8 E4M3 with current scaling: the cheap explorer precision on Hopper and Ada (SPEC §3).
 
 "Current" scaling means the scale comes from this tensor's own amax right now (no amax history
-as in delayed scaling): scale = amax / 448, so the largest magnitude maps to E4M3's max.
+as in delayed scaling): scale = amax / 448, so the largest magnitude maps to E4M3's max. SPEC §3
+says per tensor; one scale per row (per token of the activation, per output channel of the
+weight) is the option ``fp8-rowwise``.
+
+Why our own kernel sequence and not torchao's ``Float8DynamicActivationFloat8WeightConfig``:
+that config is applied with ``quantize_``, which swaps each module's weight for a Float8Tensor in
+place, while the explorer must never write the policy's weights (they are the base of the trained
+and sampling policies; the explorer caches the *merged* "old" weights per requantize). Its
+activation quantization is also per layer, so q, k and v would each quantize the same input, and
+its compiled kernels are built against one torch minor version, which the GPU machines here do not
+share with the development machines. Its numerics are the same as ours (amax / 448 per tensor,
+``_scaled_mm`` with fast accumulation and a bf16 output), so this module keeps the same GEMM and
+adds what the explorer needs: on CUDA the activation quantization is one ``torch.compile``d
+function (abs-amax and scale-and-cast fused into two kernels), the GEMM is ``torch._scaled_mm``
+with the bias fused, a bf16 output and fast accumulation, and the explorer shares one quantized
+activation between the layers that read the same input (q, k, v; FLUX's proj_mlp too).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -12,56 +29,107 @@ import torch.nn.functional as F
 E4M3_MAX = 448.0
 # _scaled_mm needs both the reduction dim and the output dim to be multiples of 16.
 SCALED_MM_ALIGNMENT = 16
-# FP8 tensor cores arrived with Ada / Hopper (sm_89, sm_90).
+# FP8 tensor cores arrived with Ada / Hopper (sm_89, sm_90); row-wise scales need sm_90.
 SCALED_MM_MIN_CAPABILITY = (8, 9)
+ROWWISE_MIN_CAPABILITY = (9, 0)
 
 
-def fp8_scale(x: torch.Tensor) -> torch.Tensor:
-    """FP32 scalar amax(|x|) / 448; 1.0 for an all-zero tensor so nothing divides by zero."""
-    amax = x.detach().abs().amax().float()
+class FP8Tensor(NamedTuple):
+    """E4M3 data and its fp32 scale: a scalar (per tensor) or [rows, 1] (per row)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+
+def fp8_scale(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
+    """FP32 amax(|x|) / 448 (per last-dim row when ``rowwise``); 1.0 where the amax is 0, so
+    nothing divides by zero."""
+    magnitude = x.detach().abs()
+    amax = (magnitude.amax(dim=-1, keepdim=True) if rowwise else magnitude.amax()).float()
     return torch.where(amax > 0, amax / E4M3_MAX, 1.0)
 
 
-def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, rowwise: bool = False) -> FP8Tensor:
     """(x / scale as float8_e4m3fn, scale).
 
     x / scale can round a hair above 448. E4M3 has no infinity, and whether a raw cast of an
     overflow saturates or gives NaN differs between conversion routines, so clamp first."""
-    scale = fp8_scale(x)
+    scale = fp8_scale(x, rowwise)
     scaled = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX)
-    return scaled.to(torch.float8_e4m3fn), scale
+    return FP8Tensor(scaled.to(torch.float8_e4m3fn), scale)
 
 
 def dequantize_fp8(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x_fp8.float() * scale
 
 
-def fake_quantize_fp8(x: torch.Tensor) -> torch.Tensor:
+def fake_quantize_fp8(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
     """Quantize to FP8 E4M3 and back, in x's dtype."""
-    return dequantize_fp8(*quantize_fp8(x)).to(x.dtype)
+    return dequantize_fp8(*quantize_fp8(x, rowwise)).to(x.dtype)
 
 
-def _can_use_scaled_mm(x: torch.Tensor, w_fp8: torch.Tensor) -> bool:
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device) < SCALED_MM_MIN_CAPABILITY:
+# --- the activation quantizer ------------------------------------------------------------------
+
+_COMPILED_QUANTIZE = None
+
+
+def _compiled_quantize():
+    """quantize_fp8 compiled once for CUDA (dynamic shapes: one graph serves every layer)."""
+    global _COMPILED_QUANTIZE
+    if _COMPILED_QUANTIZE is None:
+        _COMPILED_QUANTIZE = torch.compile(quantize_fp8, dynamic=True, fullgraph=True)
+    return _COMPILED_QUANTIZE
+
+
+def quantize_activation(x: torch.Tensor, rowwise: bool = False) -> FP8Tensor:
+    """The activation as a row-major [tokens, features] FP8Tensor; compiled on CUDA."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.is_cuda:
+        return _compiled_quantize()(rows, rowwise)
+    return quantize_fp8(rows, rowwise)
+
+
+# --- the GEMM ----------------------------------------------------------------------------------
+
+
+def can_use_scaled_mm(x: torch.Tensor, w_fp8: torch.Tensor, rowwise: bool = False) -> bool:
+    minimum = ROWWISE_MIN_CAPABILITY if rowwise else SCALED_MM_MIN_CAPABILITY
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device) < minimum:
         return False
     out_features, in_features = w_fp8.shape
     # Odd-sized layers are rare and small; emulating them is simpler than padding both operands.
     return in_features % SCALED_MM_ALIGNMENT == 0 and out_features % SCALED_MM_ALIGNMENT == 0
 
 
-def _scaled_mm_linear(x_fp8, x_scale, w_fp8, w_scale, out_dtype) -> torch.Tensor:
+def _scaled_mm(x: FP8Tensor, w: FP8Tensor, bias, out_dtype: torch.dtype, fast_accum: bool) -> torch.Tensor:
     """Real FP8 GEMM. _scaled_mm wants a row-major left operand and a column-major right one:
-    w_fp8 is a contiguous [out, in] tensor, so w_fp8.t() is exactly the column-major [in, out]."""
-    x_2d = x_fp8.reshape(-1, x_fp8.shape[-1]).contiguous()
-    out = torch._scaled_mm(
-        x_2d, w_fp8.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=out_dtype
-    )
-    return out.reshape(*x_fp8.shape[:-1], w_fp8.shape[0])
+    w.data is a contiguous [out, in] tensor, so its .t() is exactly the column-major [in, out].
+    Row-wise weight scales are [out, 1]; the right operand's scale must be [1, out]."""
+    # The GEMM adds the bias itself only for a 16-bit output of the bias's dtype.
+    fused_bias = bias is not None and out_dtype in (torch.bfloat16, torch.float16) and bias.dtype == out_dtype
+    out = torch._scaled_mm(x.data, w.data.t(), scale_a=x.scale, scale_b=w.scale.reshape(1, -1) if w.scale.dim() else w.scale,
+                           bias=bias if fused_bias else None, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    if bias is not None and not fused_bias:
+        out = (out.float() + bias.float()).to(out_dtype)
+    return out
 
 
-def _emulated_linear(x_fp8, x_scale, w_fp8, w_scale) -> torch.Tensor:
-    """Same numerics as the FP8 GEMM up to accumulation order: fp8 operands, fp32 accumulation."""
-    return F.linear(dequantize_fp8(x_fp8, x_scale), dequantize_fp8(w_fp8, w_scale))
+def _emulated(x: FP8Tensor, w: FP8Tensor, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """Same numerics as the FP8 GEMM up to accumulation order: fp8 operands, fp32 accumulation,
+    the bias added in fp32."""
+    out = F.linear(dequantize_fp8(*x), dequantize_fp8(*w))
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def fp8_matmul(x: FP8Tensor, w: FP8Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+               fast_accum: bool = True) -> torch.Tensor:
+    """[tokens, out] = x @ w.T + bias from two quantized operands (x row-major [tokens, in])."""
+    rowwise = w.scale.dim() > 0
+    if can_use_scaled_mm(x.data, w.data, rowwise):
+        return _scaled_mm(x, w, bias, out_dtype, fast_accum)
+    return _emulated(x, w, bias, out_dtype)
 
 
 def fp8_linear(
@@ -70,17 +138,11 @@ def fp8_linear(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    fast_accum: bool = True,
 ) -> torch.Tensor:
     """y = x @ w.T + bias with x quantized to FP8 now and w already FP8 ([out, in], contiguous).
 
-    The bias is added in fp32 outside the GEMM: _scaled_mm only accepts a bias of some out
-    dtypes, and adding it afterwards keeps both paths identical.
-    """
-    x_fp8, x_scale = quantize_fp8(x)
-    if _can_use_scaled_mm(x, w_fp8):
-        out = _scaled_mm_linear(x_fp8, x_scale, w_fp8, w_scale, torch.float32)
-    else:
-        out = _emulated_linear(x_fp8, x_scale, w_fp8, w_scale)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)
+    Per-row when ``w_scale`` is [out, 1] (the activation then gets one scale per token)."""
+    activation = quantize_activation(x, rowwise=w_scale.dim() > 0)
+    out = fp8_matmul(activation, FP8Tensor(w_fp8, w_scale), bias, out_dtype, fast_accum)
+    return out.reshape(*x.shape[:-1], w_fp8.shape[0])
