@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
+from flows.deployment_advice import advice_for_this_run
 from solrl_core.checkpoint import resume_config
 from solrl_core.config import Config, ConfigError, parse_override
 from solrl_core.distributed import DEFAULT_TIMEOUT_S, under_torchrun
@@ -71,6 +72,8 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
     stage as a task run of this flow run, the other ranks the same loop unreported (see
     solrl_core/distributed.py; the multi-node settings are those of `solrl run`).
     """
+    from solrl_core.models.loading import ModelFilesMissing
+
     launch = checked(Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                             rdzv_endpoint=rdzv_endpoint, rank_timeout=rank_timeout))
     trainer = train
@@ -78,11 +81,14 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
         def trainer(config, out_dir, tracking, tracking_uri, resume=False):  # torchrun's ranks train
             return train_on_ranks(launch, config, out_dir, overrides or [], tracking, tracking_uri, resume)
 
-    if resume:
-        config, out_dir = resumed(resume, preset, family, iterations, overrides)
-        return trainer(config, out_dir, tracking, tracking_uri, resume=True)
-    config = resolve(preset or "shapes-tiny", family or "sol_rl", iterations, overrides)
-    return trainer(config, output_directory(out, config), tracking, tracking_uri)
+    try:
+        if resume:
+            config, out_dir = resumed(resume, preset, family, iterations, overrides)
+            return trainer(config, out_dir, tracking, tracking_uri, resume=True)
+        config = resolve(preset or "shapes-tiny", family or "sol_rl", iterations, overrides)
+        return trainer(config, output_directory(out, config), tracking, tracking_uri)
+    except ModelFilesMissing as missing:  # a deployment's flow run: advice in its parameters' terms
+        raise advice_for_this_run(missing) from None
 
 
 def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: list[str], tracking: bool,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 
@@ -36,7 +37,8 @@ def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
     api = f"http://127.0.0.1:{port}/api"
     env = environment(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
                       PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="2", PWD=str(ROOT),
-                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", HF_HOME=str(tmp_path / "hf"))
+    env.pop("SOLRL_FLUX_PATH", None)  # the flux-imagereward run below must find no weights
     timings = {}
     started = time.monotonic()
     with service([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
@@ -60,10 +62,26 @@ def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
                           json.dumps(parameters), "--watch", "--watch-interval", "2", "--watch-timeout", "480"],
                          env, ROOT, timeout=540)
             timings["deployment_run_s"] = time.monotonic() - mark
+            # A real preset without its weights: the flow run fails with one line whose advice is
+            # in the deployment's terms (its overrides parameter, the worker's environment).
+            missing = subprocess.run(
+                [str(BIN / "prefect"), "deployment", "run", "solrl/flux-imagereward", "--params",
+                 json.dumps({"out": str(tmp_path / "flux")}), "--watch", "--watch-interval", "2",
+                 "--watch-timeout", "300"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=360,
+                stdin=subprocess.DEVNULL)
 
         flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", result.stdout).group(1)
         [flow_run] = _api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
         task_runs = _api(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+        missing_id = re.search(r"UUID:\s*([0-9a-f-]{36})", missing.stdout).group(1)
+        [missing_run] = _api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [missing_id]}}})
+
+    assert missing_run["state_type"] == "FAILED", missing.stdout[-3000:]
+    message = missing_run["state"]["message"]
+    assert "flux.1-dev weights not found" in message and "\n" not in message, message
+    assert """prefect deployment run solrl/flux-imagereward --params '{"overrides": ["model.path=DIR"]}'""" in message
+    assert "SOLRL_FLUX_PATH=DIR in the worker's environment" in message and "-S " not in message, message
+    assert not (tmp_path / "flux").exists()
 
     assert flow_run["state_type"] == "COMPLETED", result.stdout[-3000:]
     # Every stage ran as a task: load, quantize, two evaluations and one of each iteration stage.
@@ -83,3 +101,24 @@ def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
     for key, value in timings.items():
         record_property(key, round(value, 1))
     print("prefect deployment timings:", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+
+
+def test_the_command_line_keeps_its_own_advice():
+    """`solrl run` (the flow in its own process, no deployment) keeps the -S advice."""
+    from flows.deployment_advice import advice_for_this_run
+    from solrl_core.models.loading import ModelFilesMissing
+
+    error = ModelFilesMissing("weights not found; give it with -S model.path=DIR or SOLRL_FLUX_PATH=DIR")
+    assert advice_for_this_run(error) is error
+
+
+def test_deployment_advice_rewrites_every_command_line_setting():
+    from flows.deployment_advice import for_deployment
+
+    reward = for_deployment("put ImageReward.pt in a folder and give it with -S 'reward_paths={imagereward: DIR}' "
+                            "or SOLRL_IMAGEREWARD_PATH=DIR, or pre-fill the cache", "solrl/flux-imagereward")
+    assert """--params '{"overrides": ["reward_paths={imagereward: DIR}"]}'""" in reward
+    assert "SOLRL_IMAGEREWARD_PATH=DIR in the worker's environment, or pre-fill" in reward and "-S" not in reward
+    tiny = for_deployment("writes with -S model.path=FILE (empty: the committed one)", "solrl/shapes-tiny")
+    assert tiny == ("""writes with `prefect deployment run solrl/shapes-tiny --params '{"overrides": """
+                    """["model.path=FILE"]}'` (empty: the committed one)""")
