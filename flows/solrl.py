@@ -183,8 +183,11 @@ def run_locally(**parameters) -> dict:
     """The flow in this process, as ``solrl run`` uses it: Prefect's ephemeral server when no
     ``PREFECT_API_URL`` is set. Run logs go to stdout like the rest of the run's output, so stderr
     keeps only errors; a missing model file is reported by the caller in one line, not as
-    Prefect's traceback."""
+    Prefect's traceback. The ephemeral server ends with this process, even when it is killed."""
+    from flows.ephemeral_server import end_server_with_this_process
+
     _console_to(_CurrentStdout())
+    end_server_with_this_process()
     return solrl(**parameters)
 
 
