@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # A new directory per call: a run never writes into an earlier run's outputs.
 RUN_OUT ?= runs/make-run-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: run test install pretrain mlflow-ui clean-venv
+.PHONY: run test install pretrain mlflow-ui repro clean-venv
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ MLFLOW_PORT ?= 5000
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --default-artifact-root $(CURDIR)/mlruns \
 		--host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
+
+# The DVC pipeline (dvc.yaml), the same as `.venv/bin/dvc repro`: its stages find .venv through
+# scripts/python, so neither needs an activated environment.
+repro: $(STAMP)
+	$(BIN)/dvc repro
 
 pretrain: $(STAMP)
 	$(BIN)/solrl pretrain --preset shapes-tiny

@@ -1,13 +1,18 @@
 """The project's dvc.yaml, reduced (sol_rl alone, a few seeds), in a temporary git + DVC repository:
 `dvc repro` skips the committed pretraining and runs fidelity -> train -> compare -> report, the seed
 ledger and LoRA checkpoint are DVC-cached outputs, `dvc exp run -S ...` reruns only what depends
-on the changed params, and a queued sweep over pool sizes is listed by `dvc exp show`."""
+on the changed params, and a queued sweep over pool sizes is listed by `dvc exp show`.
+
+Every command is the README's, as a user types it in a fresh clone after `make install`:
+`.venv/bin/dvc ...` from the project folder, the virtual environment neither activated nor on the
+PATH (the stages find it through scripts/python)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -18,6 +23,7 @@ from tests._services import BIN, ROOT, environment, run
 pytestmark = pytest.mark.slow
 
 CHECKPOINT = "solrl_core/world/checkpoints/shapes-tiny.safetensors"
+DVC = ".venv/bin/dvc"  # as the README writes it, relative to the project folder
 PRETRAIN_DEPS = ["solrl_core/world/pretrain.py", "solrl_core/world/scenes.py", "solrl_core/world/captions.py"]
 
 
@@ -33,22 +39,31 @@ def reduced_params() -> dict:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     path = tmp_path_factory.mktemp("pipeline")
-    for relative in ["dvc.yaml", CHECKPOINT, *PRETRAIN_DEPS]:
+    # The code, as a clone has it: the stages run the workspace's own copy (`python -m` from it).
+    for package in ("solrl_core", "flows", "tasks"):
+        shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__", "*.pretrain-state*"))
+    for relative in ["dvc.yaml", "scripts/python", CHECKPOINT, *PRETRAIN_DEPS]:
         (path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / relative, path / relative)
     (path / "params.yaml").write_text(yaml.safe_dump(reduced_params(), sort_keys=False))
-    env = environment(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(ROOT),
-                      GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t",
+    # The clone's .venv as `make install` leaves it (here: this environment), ignored by git.
+    (path / ".venv").symlink_to(BIN.parent, target_is_directory=True)
+    (path / ".gitignore").write_text(".venv\n")
+    env = environment(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t",
                       GIT_COMMITTER_EMAIL="t@example.invalid")
-    env.pop("CI", None)  # DVC's queue runs fine either way; keep the stage commands' own defaults
+    # The user's shell: the environment not activated, its bin/ not on the PATH, no PYTHONPATH.
+    env["PATH"] = os.pathsep.join(entry for entry in env["PATH"].split(os.pathsep)
+                                  if entry and Path(entry).resolve() != BIN.resolve())
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "CI"):  # CI: keep the stage commands' own defaults
+        env.pop(name, None)
 
     def sh(*args, timeout=600):
         return run(list(args), env, path, timeout=timeout)
 
     sh("git", "init", "-q")
-    sh(str(BIN / "dvc"), "init", "-q")
+    sh(DVC, "init", "-q")
     # The committed checkpoint is the pretrain stage's output: record it without retraining.
-    sh(str(BIN / "dvc"), "commit", "-f", "pretrain")
+    sh(DVC, "commit", "-f", "pretrain")
     sh("git", "add", "-A")
     sh("git", "commit", "-qm", "reduced pipeline")
     return path, sh
@@ -56,7 +71,7 @@ def repo(tmp_path_factory):
 
 def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     path, sh = repo
-    result = sh(str(BIN / "dvc"), "repro")
+    result = sh(DVC, "repro")
     assert "'pretrain' didn't change" in result.stdout, result.stdout[-2000:]
     run_dir = path / "reports/pipeline/runs/sol_rl"
     ledger = pl.read_parquet(run_dir / "ledger.parquet")
@@ -70,21 +85,21 @@ def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     assert train_out["path"] == "reports/pipeline/runs/sol_rl" and train_out["md5"].endswith(".dir")
     # The ledger and the LoRA adapters sit in DVC's cache, not in git.
     assert "/sol_rl" in (path / "reports/pipeline/runs/.gitignore").read_text().split()
-    assert "Data and pipelines are up to date" in sh(str(BIN / "dvc"), "status").stdout
+    assert "Data and pipelines are up to date" in sh(DVC, "status").stdout
     sh("git", "add", "-A")
     sh("git", "commit", "-qm", "repro")
 
 
 def test_experiment_with_set_params_runs_and_a_queued_pool_sweep_is_listed(repo):
     path, sh = repo
-    result = sh(str(BIN / "dvc"), "exp", "run", "-S", "explore.steps=2", "-S", "families.sol_rl.pool=6")
+    result = sh(DVC, "exp", "run", "-S", "explore.steps=2", "-S", "families.sol_rl.pool=6")
     assert "'fidelity' didn't change" in result.stdout, result.stdout[-2000:]
     summary = json.loads((path / "reports/pipeline/runs/sol_rl/summary.json").read_text())
     assert summary["config"]["explore"]["steps"] == 2 and summary["config"]["pool"] == 6
     # A sweep over pool sizes: one queued experiment per value (`dvc exp run --run-all` runs them
     # through the same execution as the experiment above; the test stops at the queue for time).
-    sh(str(BIN / "dvc"), "exp", "run", "--queue", "-S", "families.sol_rl.pool=8,10,12")
-    shown = json.loads(sh(str(BIN / "dvc"), "exp", "show", "--json").stdout)
+    sh(DVC, "exp", "run", "--queue", "-S", "families.sol_rl.pool=8,10,12")
+    shown = json.loads(sh(DVC, "exp", "show", "--json").stdout)
     ran, queued = set(), set()
     for commit in shown:
         for experiment in commit.get("experiments") or []:
