@@ -37,6 +37,10 @@ STORE_FILE, ARTIFACT_DIR = "mlflow.db", "mlruns"
 GPU_HOUR_AXES = ("gpu_hours_cumulative", "modeled_gpu_hours_cumulative", "wall_clock_hours_cumulative")
 FIGURE = "plots/reward_vs_gpu_hours.png"
 RUN_RECORD = "mlflow_run.json"  # in the run's output directory: which MLflow run it logs to
+# The experiment tag MLflow's UI reads to choose its view: without it MLflow 3 opens an experiment
+# as a GenAI one ("Evaluation runs"); a training run belongs in the model-training view, where the
+# charts and the x-axis setting the README describes are.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
@@ -186,13 +190,16 @@ class MlflowObserver(RunObserver):
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            for key, value in EXPERIMENT_KIND.items():  # an experiment made before the tag was set
+                if key not in found.tags:
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
             return found.experiment_id
         location = None
         if self.tracking_uri.startswith("sqlite:///"):
             # Artifacts beside the SQLite store, so the project folder holds the whole record.
             store = Path(self.tracking_uri.removeprefix("sqlite:///"))
             location = (store.parent / ARTIFACT_DIR).resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        return self.client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
 
     def _log_metrics(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -72,6 +72,27 @@ def test_run_is_in_the_preset_experiment_with_config_params_and_version_tags(log
     assert len(tags["dvc.md5.base_checkpoint"]) == 32
 
 
+def test_the_experiment_opens_in_the_ui_s_model_training_view(logged_run, server):
+    """Was: MLflow 3 opened the experiment as a GenAI one ("Evaluation runs"), hiding the charts
+    the README's reward-vs-GPU-hours steps use; the UI reads the experiment's kind from this tag."""
+    experiment = get_json(server, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="shapes-tiny")
+    tags = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}
+    assert tags.get("mlflow.experimentKind") == "custom_model_development", tags
+
+
+def test_an_experiment_made_before_the_kind_tag_gets_it(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    created = client.create_experiment("shapes-tiny")  # as an earlier version made it: no kind
+    assert "mlflow.experimentKind" not in client.get_experiment(created).tags
+    observer = MlflowObserver(uri, log=lambda line: None)
+    observer.client = client
+    assert observer._experiment("shapes-tiny") == created
+    assert client.get_experiment(created).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_rewards_and_gpu_hours_share_steps_so_the_ui_can_plot_one_against_the_other(logged_run, server):
     _, observer, summary = logged_run
 
