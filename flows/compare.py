@@ -21,33 +21,23 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from solrl_core.config import from_dict, parse_override
+from solrl_core.config import parse_override
 
 
 def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
                           families: list[str] | None = None) -> dict:
     """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
-    runs in ``runs_dir/<name>/`` (each with summary.json, metrics.jsonl and the evaluation images)."""
-    from safetensors.torch import load_file
-
+    runs in ``runs_dir/<name>/`` or, one per run seed, ``runs_dir/<name>/seed-<s>/`` (each with
+    summary.json, metrics.jsonl and the evaluation images)."""
     from solrl_core import compare
-    from solrl_core.accounting import modeled_iteration_hours
-    from solrl_core.training import SUMMARY
 
     started = time.perf_counter()
-    names = families or sorted(p.name for p in runs_dir.iterdir() if (p / SUMMARY).is_file())
-    if not names:
+    found = compare.finished_results(runs_dir, families)
+    if not found:
         raise FileNotFoundError(f"no finished runs (summary.json) under {runs_dir}")
     order = {name: index for index, name in enumerate(("diffusionnft", "naive_scaling", "naive_quant", "sol_rl"))}
-    names = sorted(names, key=lambda name: (order.get(name, len(order)), name))
-    results = {}
-    for name in names:
-        run_dir = runs_dir / name
-        summary = json.loads((run_dir / SUMMARY).read_text())
-        config = from_dict(summary["config"])
-        results[name] = {"config": config, "estimate": modeled_iteration_hours(config), "run_dir": run_dir,
-                         "reused": True, "summary": summary, "images": load_file(str(run_dir / compare.EVAL_IMAGES))}
-    variants = {name: result["config"] for name, result in results.items()}
+    results = {name: found[name] for name in sorted(found, key=lambda name: (order.get(name, len(order)), name))}
+    variants = {name: runs[0]["config"] for name, runs in results.items()}
     first = next(iter(variants.values()))
     report = compare.build_report(variants, results, budget_gpu_hours, compare.metric_name(first.rewards),
                                   compare.weighted_metric(first.rewards), command)
@@ -85,9 +75,10 @@ def _variants(preset: str, families: list[str], ablation: str | None, overrides:
 @flow(name="compare", persist_result=False, log_prints=False)
 def compare(budget_gpu_hours: float, out: str = "reports", preset: str = "shapes-tiny",
             families: list[str] | None = None, ablation: str | None = None, evaluations: int = 6,
-            overrides: list[str] | None = None, from_runs: str | None = None) -> dict:
-    """Train every family (or ablation point) to ``budget_gpu_hours`` modeled GPU-hours and compare;
-    with ``from_runs``, compare the finished runs in that folder instead of training."""
+            overrides: list[str] | None = None, from_runs: str | None = None, seeds: list[int] | None = None) -> dict:
+    """Train every family (or ablation point) to ``budget_gpu_hours`` modeled GPU-hours, once per
+    run seed in ``seeds`` if given, and compare; with ``from_runs``, compare the finished runs in
+    that folder instead of training."""
     from solrl_core.compare import run_comparison
     from solrl_core.report_readme import write_readme
 
@@ -99,7 +90,8 @@ def compare(budget_gpu_hours: float, out: str = "reports", preset: str = "shapes
     else:
         variants = _variants(preset, families or ["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"],
                              ablation, overrides or [])
-        report = run_comparison(variants, budget_gpu_hours, out_dir, evaluations=evaluations, log=logger.info)
+        report = run_comparison(variants, budget_gpu_hours, out_dir, evaluations=evaluations, log=logger.info,
+                                seeds=seeds)
     readme = write_readme(out_dir)
     speedup = report.get("speedup_to_equal_reward")
     logger.info(f"speed-up to equal reward (sol_rl vs diffusionnft): {speedup if speedup is None else f'{speedup:.2f}x'}")

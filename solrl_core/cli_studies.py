@@ -39,6 +39,12 @@ def add_study_commands(commands) -> None:
                          help=f"compare the points of one ablation of sol_rl instead: {', '.join(ABLATIONS)}")
     compare.add_argument("--device", default=None, help="device profile (same as -S accounting.device=...)")
     compare.add_argument("--evaluations", type=int, default=6, help="evaluations per family over the budget")
+    compare.add_argument("--seeds", default=None,
+                         help="run seeds, e.g. 0,1,2: every family trained once per seed into runs/<family>/seed-<s>, "
+                              "reported as mean ± SE with bootstrap intervals (default: one run, the config's seed)")
+    compare.add_argument("--also-profile", default=None,
+                         help="device profiles to re-cost the same runs under, e.g. B200-measured, or none "
+                              "(default: B200-measured when the runs' profile is B200)")
     compare.add_argument("--out", required=True, help="output directory (compare.json, compare.png, compare.md, ...)")
     compare.add_argument("--readme-only", action="store_true",
                          help="only rebuild OUT/README.md from the reports already in OUT")
@@ -75,6 +81,32 @@ def one_value_each(args: argparse.Namespace) -> None:
     for name, value in vars(args).items():
         if isinstance(value, list) and name != "overrides":
             raise ConfigError(f"--{name.replace('_', '-')} needs a value")
+
+
+def _seed_list(text: str | None) -> list[int] | None:
+    """``--seeds 0,1,2``: distinct run seeds in [0, 2**63); None keeps the single-seed layout."""
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not values or min(values) < 0 or max(values) >= 2**63:
+        raise ConfigError(f"--seeds {text!r}: give run seeds from 0 to 2**63-1, e.g. 0,1,2")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--seeds {text!r}: each seed once; a repeated seed would train the same run twice")
+    return values
+
+
+def _profile_list(text: str | None) -> list[str] | None:
+    """``--also-profile``: None is the default choice; ``none`` re-costs under no other profile."""
+    from solrl_core.accounting import DEVICE_PROFILES
+
+    if text is None:
+        return None
+    if text.strip() == "none":
+        return []
+    return _name_list(text, "--also-profile", DEVICE_PROFILES)
 
 
 def _count(value: int, flag: str, least: int, why: str = "") -> int:
@@ -176,6 +208,8 @@ def command_compare(args: argparse.Namespace) -> int:
     if budget is None or not math.isfinite(budget) or budget <= 0:
         raise ConfigError(f"--budget-gpu-hours ({budget}) must be a positive number, e.g. 2e-5")
     _count(args.evaluations, "--evaluations", 1)
+    seeds = _seed_list(args.seeds)
+    also_profiles = _profile_list(args.also_profile)
     overrides = [parse_override(text) for text in args.overrides]
     if args.device is not None:
         overrides.append(("accounting.device", args.device))
@@ -188,6 +222,9 @@ def command_compare(args: argparse.Namespace) -> int:
     else:
         variants = {family: _resolve(args.preset, family, overrides)
                     for family in _name_list(args.families, "--families", FAMILIES)}
+    from solrl_core.recost import check_also_profiles
+
+    check_also_profiles(variants, also_profiles)  # a profile that cannot cost an explorer stops here
     command = _command_line(args)
     # Imported once the arguments are known to be good: in a fresh process the training stack's
     # imports (torchao) print warnings, which must not precede a one-line error.
@@ -195,16 +232,44 @@ def command_compare(args: argparse.Namespace) -> int:
     from solrl_core.report_readme import write_readme
 
     try:
-        report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command)
+        report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command, seeds=seeds,
+                                also_profiles=also_profiles)
     except _model_errors() as missing:
         raise ConfigError(str(missing)) from None
     except FileExistsError as error:
         raise ConfigError(str(error)) from None
+    except ConfigError:
+        raise
+    except Exception as failure:  # noqa: BLE001 - a run failing part way: one line, and how to go on
+        raise _comparison_failed(failure) from None
     print((out / "compare.md").read_text(encoding="utf-8"), end="")
-    if report.get("speedup_to_equal_reward") is not None:
-        print(f"speed-up to equal reward (sol_rl vs diffusionnft): {report['speedup_to_equal_reward']:.2f}x")
+    for profile, entry in report.get("speedup_by_profile", {}).items():
+        if entry["speedup"] is not None:
+            interval = (f", 95% interval [{_times(entry['ci'][0])}, {_times(entry['ci'][1])}]"
+                        if entry["ci"] is not None else "")
+            print(f"speed-up to equal reward (sol_rl vs diffusionnft, {profile}): {entry['speedup']:.2f}x{interval}")
     print(f"wrote {out / 'compare.json'}, compare.png, compare.md, samples_grid.png; {write_readme(out)}")
     return 0
+
+
+def _comparison_failed(failure: Exception) -> Exception:
+    """A run of the comparison failed: one line (the full traceback with SOLRL_TRACEBACK=1) saying
+    that the same command goes on from there, reusing finished runs and resuming the stopped one."""
+    import os
+
+    from solrl_core.cli import RunFailed
+
+    if os.environ.get("SOLRL_TRACEBACK"):
+        import traceback
+
+        traceback.print_exception(failure)
+    what = f"{type(failure).__name__}: {failure}".splitlines()[0]
+    return RunFailed(f"compare failed: {what}; run the same command again: finished runs are reused and a "
+                     f"stopped one resumes from its last checkpoint")
+
+
+def _times(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f}x"
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -212,7 +277,10 @@ def _command_line(args: argparse.Namespace) -> str:
     parts = ["solrl", "compare", "--preset", args.preset, "--budget-gpu-hours", f"{args.budget_gpu_hours:g}"]
     parts += ["--ablation", args.ablation] if args.ablation else ["--families", args.families]
     parts += ["--device", args.device] if args.device else []
-    parts += ["--evaluations", str(args.evaluations), "--out", args.out]
+    parts += ["--evaluations", str(args.evaluations)]
+    parts += ["--seeds", args.seeds] if args.seeds is not None else []
+    parts += ["--also-profile", args.also_profile] if args.also_profile is not None else []
+    parts += ["--out", args.out]
     for text in args.overrides:
         parts += ["-S", text]
     return " ".join(shlex.quote(part) for part in parts)

@@ -6,6 +6,14 @@ Budget: each variant runs as many whole iterations as fit in the budget, countin
 stages only (explore, rank, regenerate, update, requantize). Evaluation is the same measurement
 for every family and is not charged, so a family that runs more iterations is not penalised for
 being evaluated more often.
+
+Seeds: with ``seeds``, every variant trains once per run seed (``runs/<name>/seed-<s>``), all sized
+to the same budget; the report gives mean ± standard error across seeds at every evaluation and a
+bootstrap over seeds (solrl_core.seed_stats) for the speed-up and the final-reward differences.
+
+Cost profiles: budgets are sized on the runs' own device profile; the same runs are re-costed
+from the FLOPs per stage that metrics.jsonl records under other profiles (``also_profiles``; by
+default B200-measured beside B200), so one set of runs gives the speed-up under each cost model.
 """
 
 from __future__ import annotations
@@ -19,12 +27,16 @@ from pathlib import Path
 
 import torch
 
+from solrl_core import seed_stats
 from solrl_core.config import Config, set_key, to_dict, validate
 from solrl_core.ledger import write_json
+from solrl_core.recost import check_also_profiles, recosted_hours
 from solrl_core.training import METRICS, SUMMARY, RunObserver, run_training
 
 BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
 GAIN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+# The base model's and the latest evaluation's images, rewritten at every evaluation: a run resumed
+# from its checkpoint does not evaluate the base again, and the sample grid still needs them.
 EVAL_IMAGES = "eval_images.safetensors"
 GRID_PROMPTS = 8
 
@@ -117,13 +129,21 @@ def metric_name(weights: dict[str, float]) -> str:
 
 
 class _EvaluationImages(RunObserver):
-    """Keeps the base model's and the latest evaluation images, for the sample grids."""
+    """Keeps the base model's and the latest evaluation images, for the sample grids, and writes
+    them to ``run_dir`` after every evaluation (a resumed run starts from what was written)."""
 
-    def __init__(self):
-        self.images: dict[str, torch.Tensor] = {}
+    def __init__(self, run_dir: Path, images: dict[str, torch.Tensor] | None = None):
+        self.run_dir = run_dir
+        self.images: dict[str, torch.Tensor] = dict(images or {})
 
     def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None:
+        from safetensors.torch import save_file
+
+        from solrl_core.ledger import atomic_write
+
         self.images["base" if iteration < 0 else "final"] = images.detach().cpu().float().contiguous()
+        kept = dict(self.images)
+        atomic_write(self.run_dir / EVAL_IMAGES, lambda temporary: save_file(kept, temporary))
 
 
 def size_to_budget(config: Config, budget_gpu_hours: float, evaluations: int, iteration_hours: float) -> Config:
@@ -135,86 +155,163 @@ def size_to_budget(config: Config, budget_gpu_hours: float, evaluations: int, it
     return validate(sized)
 
 
-def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluations: int) -> dict:
+def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluations: int,
+                 estimate: dict | None = None) -> dict:
     """Size one variant to the budget; say whether ``run_dir`` already holds its finished run."""
     from solrl_core.accounting import modeled_iteration_hours
 
-    estimate = modeled_iteration_hours(config)
+    estimate = estimate or modeled_iteration_hours(config)
     sized = size_to_budget(config, budget_gpu_hours, evaluations, estimate["total"])
     summary_path = run_dir / SUMMARY
     finished = (summary_path.exists() and (run_dir / EVAL_IMAGES).exists()
                 and json.loads(summary_path.read_text())["config"] == to_dict(sized))
-    if not finished and run_dir.exists() and any(run_dir.iterdir()):
+    resume = not finished and interrupted_run_of(run_dir, sized)
+    if not finished and not resume and run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} holds another run; delete it or choose a new --out")
-    return {"config": sized, "estimate": estimate, "run_dir": run_dir, "reused": finished}
+    return {"config": sized, "estimate": estimate, "run_dir": run_dir, "reused": finished, "resume": resume,
+            "seed": sized.seed}
+
+
+def interrupted_run_of(run_dir: Path, sized: Config) -> bool:
+    """Whether ``run_dir`` holds this very config's run, stopped after a checkpoint: then it is
+    resumed (bit-exactly, as ``solrl run --resume``), so a stop costs at most one iteration."""
+    from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
+
+    if not (run_dir / CHECKPOINT).is_file() or not (run_dir / EVAL_IMAGES).is_file():
+        return False
+    try:
+        return read_metadata(run_dir)["config"] == to_dict(sized)
+    except CheckpointError:
+        return False
+
+
+def with_seed(config: Config, seed: int) -> Config:
+    seeded = copy.deepcopy(config)
+    set_key(seeded, "seed", seed)
+    return validate(seeded)
+
+
+def plan_seeds(config: Config, variant_dir: Path, budget_gpu_hours: float, evaluations: int,
+               seeds: Sequence[int] | None) -> list[dict]:
+    """One plan per run seed, in ``variant_dir/seed-<s>``; without ``seeds``, the one run of the
+    config's own seed in ``variant_dir`` itself (the single-seed layout)."""
+    if seeds is None:
+        return [plan_variant(config, variant_dir, budget_gpu_hours, evaluations)]
+    if (variant_dir / SUMMARY).exists():
+        raise FileExistsError(f"{variant_dir} holds a single-seed run; delete it or choose a new --out for --seeds")
+    from solrl_core.accounting import modeled_iteration_hours
+
+    estimate = modeled_iteration_hours(config)  # the seed changes no FLOP: one estimate sizes every seed
+    return [plan_variant(with_seed(config, seed), variant_dir / seed_dir_name(seed), budget_gpu_hours, evaluations,
+                         estimate) for seed in seeds]
+
+
+def seed_dir_name(seed: int) -> str:
+    return f"seed-{seed}"
+
+
+def seed_runs(result: dict | list[dict]) -> list[dict]:
+    """A variant's runs, one per seed: a single run (the single-seed layout) is a list of one."""
+    return result if isinstance(result, list) else [result]
+
+
+def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    """The finished runs under ``runs_dir``, per variant: ``<name>/summary.json`` (one seed) or
+    ``<name>/seed-<s>/summary.json`` (seeds in ascending order), with their estimates and images."""
+    from safetensors.torch import load_file
+
+    from solrl_core.accounting import modeled_iteration_hours
+    from solrl_core.config import from_dict
+
+    def run_dirs(variant_dir: Path) -> list[Path]:
+        if (variant_dir / SUMMARY).is_file():
+            return [variant_dir]
+        seeded = [p for p in variant_dir.glob("seed-*") if (p / SUMMARY).is_file() and p.name[5:].isdigit()]
+        return sorted(seeded, key=lambda p: int(p.name[5:]))
+
+    names = list(names) if names else sorted(p.name for p in runs_dir.iterdir() if p.is_dir() and run_dirs(p))
+    results: dict[str, list[dict]] = {}
+    for name in names:
+        dirs = run_dirs(runs_dir / name)
+        if not dirs:
+            raise FileNotFoundError(f"no finished run (summary.json) in {runs_dir / name} or its seed-* folders")
+        results[name], estimate = [], None
+        for run_dir in dirs:
+            summary = json.loads((run_dir / SUMMARY).read_text())
+            config = from_dict(summary["config"])
+            estimate = estimate or modeled_iteration_hours(config)
+            results[name].append({"config": config, "estimate": estimate, "run_dir": run_dir, "reused": True,
+                                  "seed": config.seed, "summary": summary,
+                                  "images": load_file(str(run_dir / EVAL_IMAGES))})
+    return results
 
 
 def run_variant(name: str, plan: dict, log: Callable[[str], None]) -> dict:
     """Train one sized variant (or read back its finished run) and load its evaluation images."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     sized, run_dir = plan["config"], plan["run_dir"]
     if plan["reused"]:
         log(f"compare: {name}: reusing the finished run in {run_dir}")
     else:
         log(f"compare: {name}: {sized.iterations} iterations of {plan['estimate']['total']:.3g} modeled GPU-hours "
-            f"({sized.accounting.device}), evaluated every {sized.eval.every}")
-        keeper = _EvaluationImages()
-        run_training(sized, run_dir, log=lambda line: log(f"  {name:14s} {line}"), observers=[keeper])
-        save_file(keeper.images, str(run_dir / EVAL_IMAGES))
+            f"({sized.accounting.device}), evaluated every {sized.eval.every}"
+            + (f"; resuming the interrupted run in {run_dir}" if plan.get("resume") else ""))
+        keeper = _EvaluationImages(run_dir, load_file(str(run_dir / EVAL_IMAGES)) if plan.get("resume") else None)
+        run_training(sized, run_dir, log=lambda line: log(f"  {name:14s} {line}"), observers=[keeper],
+                     resume=bool(plan.get("resume")))
     summary = json.loads((run_dir / SUMMARY).read_text())
     return {**plan, "summary": summary, "images": load_file(str(run_dir / EVAL_IMAGES))}
 
 
 def run_comparison(variants: dict[str, Config], budget_gpu_hours: float, out_dir: Path, evaluations: int = 6,
-                   command: str = "", log: Callable[[str], None] = print) -> dict:
-    """Train every variant to the budget under ``out_dir/runs/<name>`` and write the report files.
+                   command: str = "", log: Callable[[str], None] = print, seeds: Sequence[int] | None = None,
+                   also_profiles: list[str] | None = None) -> dict:
+    """Train every variant to the budget under ``out_dir/runs/<name>`` (``.../seed-<s>`` for each
+    of ``seeds``) and write the report files.
 
-    Every variant is sized (and its run directory checked) before any trains, so a conflict stops
-    the comparison before it writes anything.
+    Every variant and seed is sized (and its run directory checked) before any trains, so a
+    conflict stops the comparison before it writes anything.
     """
     started = time.perf_counter()
-    plans = {name: plan_variant(config, out_dir / "runs" / name, budget_gpu_hours, evaluations)
+    also_profiles = check_also_profiles(variants, also_profiles)
+    plans = {name: plan_seeds(config, out_dir / "runs" / name, budget_gpu_hours, evaluations, seeds)
              for name, config in variants.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {name: run_variant(name, plan, log) for name, plan in plans.items()}
+    results = {name: [run_variant(name if seeds is None else f"{name} seed {plan['seed']}", plan, log)
+                      for plan in seed_plans] for name, seed_plans in plans.items()}
     first = next(iter(variants.values()))
     report = build_report(variants, results, budget_gpu_hours, metric_name(first.rewards),
-                          weighted_metric(first.rewards), command)
+                          weighted_metric(first.rewards), command, also_profiles=also_profiles)
     report["seconds"] = round(time.perf_counter() - started, 1)
     write_outputs(report, results, out_dir)
     return report
 
 
 def build_report(variants: dict[str, Config], results: dict, budget: float, metric_label: str,
-                 metric: Callable[[dict], float], command: str) -> dict:
-    curves = {name: curve_from_run(result["run_dir"], metric) for name, result in results.items()}
+                 metric: Callable[[dict], float], command: str, also_profiles: list[str] | None = None) -> dict:
+    """compare.json's content from the finished runs: ``results[name]`` is one run or a list of
+    runs, one per seed; a variant's curve, final rewards and speed-ups are means over its seeds."""
+    runs = {name: seed_runs(result) for name, result in results.items()}
+    points = {name: [curve_from_run(run["run_dir"], metric) for run in seed_list] for name, seed_list in runs.items()}
+    curves = {name: seed_mean_points(seed_points) for name, seed_points in points.items()}
     first = next(iter(variants.values()))
+    device = first.accounting.device
+    also_profiles = check_also_profiles(variants, also_profiles)
     report: dict = {
         "preset": first.preset, "command": command, "metric": metric_label,
-        "budget_gpu_hours": budget, "gpu_hours_basis": f"modeled: FLOPs / ({first.accounting.device} dense peak per "
-        f"stage precision x utilisation {first.accounting.utilization:g}); CPU seconds measured beside",
-        "device_profile": first.accounting.device, "utilization": first.accounting.utilization,
+        "budget_gpu_hours": budget, "gpu_hours_basis": profile_basis(device, first.accounting.utilization)
+        + "; CPU seconds measured beside",
+        "device_profile": device, "utilization": first.accounting.utilization,
+        "seeds": [run["seed"] for run in runs[next(iter(runs))]],
         "families": {},
     }
-    for name, result in results.items():
-        points, config = curves[name], result["config"]
-        report["families"][name] = {
-            "family": config.family, "iterations": config.iterations, "eval_every": config.eval.every,
-            "modeled_gpu_hours_per_iteration": result["estimate"]["total"],
-            "modeled_gpu_hours_per_stage": result["estimate"]["stages"],
-            "modeled_gpu_hours_used": points[-1]["modeled_gpu_hours"] if len(points) > 1 else 0.0,
-            "cpu_seconds": result["summary"]["seconds"],
-            "final_rewards": result["summary"]["eval_reward_final"], "final_reward": points[-1]["reward"],
-            "base_rewards": result["summary"]["eval_reward_base"], "curve": points,
-            "run_dir": f"runs/{name}", "reused_finished_run": result["reused"],
-            "overrides": {key: value for key, value in _diff(to_dict(first), to_dict(config)).items()},
-            "config": to_dict(config),
-        }
+    for name, seed_list in runs.items():
+        report["families"][name] = family_entry(name, seed_list, points[name], curves[name], first)
     if BASELINE in curves:
         baseline = as_curve(curves[BASELINE])
-        report["speedups"] = {name: speedup_to_equal_reward(baseline, as_curve(points))
-                              for name, points in curves.items() if name != BASELINE}
+        report["speedups"] = {name: speedup_to_equal_reward(baseline, as_curve(mean_points))
+                              for name, mean_points in curves.items() if name != BASELINE}
         headline = report["speedups"].get(CANDIDATE)
         report["speedup_to_equal_reward"] = headline["speedup_to_equal_reward"] if headline else None
         report["speedup_at_fraction_of_gain"] = (
@@ -222,20 +319,204 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
     if "naive_quant" in results and CANDIDATE in results:
         report["naive_quant_below_sol_rl"] = (report["families"]["naive_quant"]["final_reward"]
                                               < report["families"][CANDIDATE]["final_reward"])
+    statistics = seed_statistics(runs, points, device, also_profiles, first.accounting.utilization)
+    report["seed_statistics"] = statistics
+    report["speedup_by_profile"] = {
+        profile: {key: entry["speedups"][CANDIDATE][key]
+                  for key in ("speedup", "ci", "resamples", "undefined_share", "undefined_reasons", "note")}
+        for profile, entry in statistics["profiles"].items() if CANDIDATE in entry["speedups"]}
+    if "naive_quant - sol_rl" in statistics["final_differences"]:
+        report["naive_quant_minus_sol_rl"] = statistics["final_differences"]["naive_quant - sol_rl"]
     report["final_reward_spread"] = final_reward_spread(results, first)
     report["paper"] = {"speedup_to_equal_reward": PAPER_SPEEDUP_TO_EQUAL_REWARD}
     return report
 
 
+def family_entry(name: str, seed_list: list[dict], seed_points: list[list[dict]], mean_points: list[dict],
+                 reference: Config) -> dict:
+    """One variant's compare.json entry: the fields of a single run, as means over the seeds (with
+    their SE beside), and each seed's own run under ``runs``."""
+    config = seed_list[0]["config"]
+    finals = [points[-1]["reward"] for points in seed_points]
+    final_reward, final_se = seed_stats.mean_se(finals)
+    reward_names = list(seed_list[0]["summary"]["eval_reward_final"])
+    final_rewards = {reward: seed_stats.mean_se([run["summary"]["eval_reward_final"][reward] for run in seed_list])
+                     for reward in reward_names}
+    used = [points[-1]["modeled_gpu_hours"] if len(points) > 1 else 0.0 for points in seed_points]
+    single = len(seed_list) == 1 and seed_list[0]["run_dir"].name == name
+    return {
+        "family": config.family, "iterations": config.iterations, "eval_every": config.eval.every,
+        "modeled_gpu_hours_per_iteration": seed_list[0]["estimate"]["total"],
+        "modeled_gpu_hours_per_stage": seed_list[0]["estimate"]["stages"],
+        "modeled_gpu_hours_used": seed_stats.mean_se(used)[0],
+        "cpu_seconds": round(math.fsum(run["summary"]["seconds"] for run in seed_list), 2),
+        "final_rewards": {reward: mean for reward, (mean, _) in final_rewards.items()},
+        "final_rewards_se": {reward: se for reward, (_, se) in final_rewards.items()},
+        "final_reward": final_reward, "final_reward_se": final_se,
+        "base_rewards": seed_list[0]["summary"]["eval_reward_base"], "curve": mean_points,
+        "run_dir": f"runs/{name}", "reused_finished_run": all(run["reused"] for run in seed_list),
+        "seeds": [run["seed"] for run in seed_list],
+        "runs": [{"seed": run["seed"], "run_dir": f"runs/{name}" if single else f"runs/{name}/{run['run_dir'].name}",
+                  "final_reward": points[-1]["reward"], "final_rewards": run["summary"]["eval_reward_final"],
+                  "cpu_seconds": run["summary"]["seconds"], "reused_finished_run": run["reused"], "curve": points}
+                 for run, points in zip(seed_list, seed_points)],
+        "overrides": {key: value for key, value in _diff(to_dict(reference), to_dict(config)).items()
+                      if key != "seed"},
+        "config": to_dict(config),
+    }
+
+
+def seed_mean_points(seed_points: list[list[dict]]) -> list[dict]:
+    """A variant's evaluations as means over its seeds, with the keys of one run's points plus
+    ``reward_se``, ``rewards_se`` and ``seeds``. The seeds of a variant share its iteration cost and
+    so its evaluation hours; should they not, each seed is interpolated (seed_stats.seed_grid) and
+    the point has no single iteration."""
+    def mean(value: Callable[[dict], float]) -> dict:
+        return seed_stats.mean_curve([[(p["modeled_gpu_hours"], value(p)) for p in points] for points in seed_points])
+
+    reward = mean(lambda p: p["reward"])
+    per_reward = {name: mean(lambda p, name=name: p["rewards"][name]) for name in seed_points[0][0]["rewards"]}
+    seconds = mean(lambda p: p["cpu_seconds"])
+    shared = not reward["interpolated"]
+    result = []
+    for i, hours in enumerate(reward["gpu_hours"]):
+        measured = [points[i]["gpu_hours"] for points in seed_points] if shared else [None]
+        result.append({
+            "iteration": seed_points[0][i]["iteration"] if shared else None, "modeled_gpu_hours": hours,
+            "gpu_hours": None if None in measured else seed_stats.mean_se(measured)[0],
+            "cpu_seconds": round(seconds["mean"][i], 1),
+            "rewards": {name: entry["mean"][i] for name, entry in per_reward.items()},
+            "rewards_se": {name: entry["se"][i] for name, entry in per_reward.items()},
+            "reward": reward["mean"][i], "reward_se": reward["se"][i], "seeds": len(seed_points)})
+    return result
+
+
+def profile_basis(device: str, utilization: float) -> str:
+    """How GPU-hours are modeled under ``device``, in words for the report."""
+    from solrl_core.accounting import MEASURED_STEP_COST
+
+    measured = MEASURED_STEP_COST.get(device)
+    if measured:
+        shares = ", ".join(f"an explorer step at {precision.upper()} charged {share:g} of its FLOPs at BF16"
+                           for precision, share in measured.items())
+        return (f"modeled: {device}, calibrated to the paper's measured stage times ({shares}; every other stage "
+                f"FLOPs / BF16 peak) x utilisation {utilization:g}")
+    return f"modeled: FLOPs / ({device} dense peak per stage precision x utilisation {utilization:g})"
+
+
+# Final-reward differences reported with their bootstrap interval (where both variants ran).
+DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDATE, "naive_scaling"))
+
+
+def seed_statistics(runs: dict[str, list[dict]], points: dict[str, list[list[dict]]], device: str,
+                    also_profiles: list[str], utilization: float) -> dict:
+    """Across seeds: mean ± SE curves under each cost profile, the variants on one GPU-hour grid,
+    the speed-ups to the baseline's final reward and the final-reward differences, each with a
+    bootstrap interval over seeds (when every variant has at least two)."""
+    sizes = {name: len(seed_list) for name, seed_list in runs.items()}
+    draws = seed_stats.resample_indices(sizes) if min(sizes.values()) >= 2 else None
+    finals = {name: [seed[-1]["reward"] for seed in seed_points] for name, seed_points in points.items()}
+    differences = {}
+    for a, b in DIFFERENCE_PAIRS:
+        if a in finals and b in finals:
+            differences[f"{a} - {b}"] = (seed_stats.bootstrap_difference(finals, a, b, draws) if draws else
+                                         {"mean": seed_stats.mean_se(finals[a])[0] - seed_stats.mean_se(finals[b])[0],
+                                          "se": None, "ci": None, "resamples": 0,
+                                          "seeds": {a: len(finals[a]), b: len(finals[b])}})
+    profiles = {}
+    for profile in (device, *also_profiles):
+        curves = {name: [profile_curve(run, seed_points, profile, device) for run, seed_points in
+                         zip(runs[name], points[name])] for name in runs}
+        profiles[profile] = {"role": "the runs' own profile: it sized the budget" if profile == device else
+                             f"re-costed from the recorded FLOPs of the same runs; the budget was sized under {device}",
+                             "basis": profile_basis(profile, utilization), **profile_statistics(curves, draws)}
+    return {"seeds": {name: [run["seed"] for run in seed_list] for name, seed_list in runs.items()},
+            "bootstrap": ({"resamples": seed_stats.BOOTSTRAP_RESAMPLES, "seed": seed_stats.BOOTSTRAP_SEED,
+                           "confidence": seed_stats.CONFIDENCE,
+                           "method": "percentile interval; seeds drawn with replacement within each variant "
+                                     "independently; a resample with no defined speed-up ranks below every "
+                                     "defined one"} if draws else None),
+            "final_differences": differences, "profiles": profiles}
+
+
+def profile_curve(run: dict, seed_points: list[dict], profile: str, device: str) -> Curve:
+    """One run's (GPU-hours, reward) curve under ``profile``: as recorded under the run's own device,
+    re-costed from its metrics under any other."""
+    if profile == device:
+        return as_curve(seed_points)
+    hours = recosted_hours(run["run_dir"], run["config"], run["estimate"], profile)
+    return [(hours[p["iteration"]], p["reward"]) for p in seed_points]
+
+
+def profile_statistics(curves: dict[str, list[Curve]], draws: dict[str, list[list[int]]] | None) -> dict:
+    """Under one cost profile: each variant's mean ± SE curve, all variants on one grid, and the
+    speed-up of every variant to the baseline's final reward with its bootstrap interval."""
+    means = {name: seed_stats.mean_curve(seed_curves) for name, seed_curves in curves.items()}
+    every = [curve for seed_curves in curves.values() for curve in seed_curves]
+    # Variants land on the same GPU-hours only if their iteration costs match; otherwise each
+    # seed's curve is read on a common grid by linear interpolation between its evaluations.
+    grid, interpolated = seed_stats.common_grid(every, max(1, min(len(curve) - 1 for curve in every)))
+    common = {}
+    for name, seed_curves in curves.items():
+        values = [seed_stats.on_grid(curve, grid) for curve in seed_curves]
+        stats = [seed_stats.mean_se([row[i] for row in values]) for i in range(len(grid))]
+        common[name] = {"reward": [m for m, _ in stats], "reward_se": [se for _, se in stats]}
+    families = {name: {"curve": [{"gpu_hours": h, "reward": m, "reward_se": se}
+                                 for h, m, se in zip(mean["gpu_hours"], mean["mean"], mean["se"])],
+                       "interpolated_across_seeds": mean["interpolated"],
+                       "gpu_hours_used": seed_stats.mean_se([curve[-1][0] for curve in curves[name]])[0]}
+                for name, mean in means.items()}
+    speedups = ({name: bootstrap_speedup(means[BASELINE], means[name], BASELINE, name, draws)
+                 for name in curves if name != BASELINE} if BASELINE in curves else {})
+    return {"families": families, "common_grid": {"gpu_hours": grid, "interpolated": interpolated,
+                                                  "families": common}, "speedups": speedups}
+
+
+def bootstrap_speedup(baseline: dict, candidate: dict, baseline_name: str, candidate_name: str,
+                      draws: dict[str, list[list[int]]] | None) -> dict:
+    """The speed-up to the baseline's final reward between the seeds' mean curves (the headline),
+    and over resamples of the seeds: its interval and how often, and why, it is undefined."""
+    def speedup(baseline_values: list[float], candidate_values: list[float]) -> dict:
+        return speedup_to_equal_reward(list(zip(baseline["gpu_hours"], baseline_values)),
+                                       list(zip(candidate["gpu_hours"], candidate_values)), (1.0,))["at"]["1"]
+
+    point = speedup(baseline["mean"], candidate["mean"])
+    result = {"speedup": point["speedup"], "note": point.get("note"), "target_reward": point["target_reward"],
+              "baseline_gpu_hours": point["baseline_gpu_hours"], "candidate_gpu_hours": point["candidate_gpu_hours"],
+              "ci": None, "ci_defined_only": None, "resamples": 0, "undefined_share": None, "undefined_reasons": {}}
+    if draws is None:
+        return result
+    reasons: dict[str, int] = {}
+
+    def statistic(picks: dict[str, list[int]]) -> float | None:
+        entry = speedup(seed_stats.resampled_mean(baseline["per_seed"], picks[baseline_name]),
+                        seed_stats.resampled_mean(candidate["per_seed"], picks[candidate_name]))
+        if entry["speedup"] is None:
+            reason = ("candidate_never_reached" if entry["candidate_gpu_hours"] is None and entry.get("note", "")
+                      .startswith("the candidate") else "baseline_did_not_improve" if "did not improve"
+                      in entry.get("note", "") else "other")
+            reasons[reason] = reasons.get(reason, 0) + 1
+        return entry["speedup"]
+
+    sampled = seed_stats.bootstrap(statistic, {baseline_name: draws[baseline_name],
+                                               candidate_name: draws[candidate_name]})
+    result.update(ci=sampled["ci"], ci_defined_only=sampled["ci_defined_only"], resamples=sampled["resamples"],
+                  undefined_share=sampled["undefined_share"], undefined_reasons=reasons)
+    return result
+
+
 def final_reward_spread(results: dict, config: Config) -> dict:
     """The final evaluation's trained reward per image: each variant's mean and standard error, and
-    paired differences (same prompts and seeds) between the families, to read gaps against noise."""
+    paired differences (same prompts and seeds) between the families, to read gaps against noise.
+    This is evaluation noise only; the spread across run seeds is in ``seed_statistics``."""
     from solrl_core.prompts import evaluation_prompts
     from solrl_core.rewards.registry import RewardSet
 
     prompts = [p for p in evaluation_prompts(config) for _ in range(config.eval.seeds_per_prompt)]
     scorer = RewardSet(config.rewards, paths=config.reward_paths)
-    per_image = {name: scorer.score(result["images"]["final"], prompts).combined.double()
+    # With several run seeds, each evaluation image's reward is its mean over the seeds' runs.
+    per_image = {name: torch.stack([scorer.score(run["images"]["final"], prompts).combined.double()
+                                    for run in seed_runs(result)]).mean(0)
                  for name, result in results.items()}
     pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE)]
     return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
@@ -263,7 +544,10 @@ def _diff(reference: dict, other: dict, prefix: str = "") -> dict:
 
 def write_outputs(report: dict, results: dict, out_dir: Path) -> None:
     plot_curves(report, out_dir / "compare.png")
-    report["grid"] = sample_grid(results, out_dir / "samples_grid.png")
+    # One image per prompt per variant keeps the grid readable: the first seed's runs.
+    first_seed = {name: seed_runs(result)[0] for name, result in results.items()}
+    report["grid"] = sample_grid(first_seed, out_dir / "samples_grid.png")
+    report["grid_run_seed"] = next(iter(first_seed.values()))["seed"]
     report["files"] = {"plot": "compare.png", "table": "compare.md", "grid": "samples_grid.png"}
     write_json(out_dir / "compare.json", report)
     (out_dir / "compare.md").write_text(markdown_table(report), encoding="utf-8")
@@ -279,29 +563,55 @@ def _pyplot():
 
 
 def plot_curves(report: dict, path: Path) -> None:
-    """Reward vs modeled GPU-hours, one line per family; one panel per evaluation reward."""
+    """Reward vs modeled GPU-hours, one line per family (the mean over seeds, with a ± SE band when
+    there are several); one panel per evaluation reward, then the trained reward re-costed under
+    each other device profile."""
     plt = _pyplot()
     first = next(iter(report["families"].values()))
     names = [report["metric"]] + [name for name in first["final_rewards"] if name != report["metric"]]
-    figure, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False)
+    profiles = [profile for profile in report.get("seed_statistics", {}).get("profiles", {})
+                if profile != report["device_profile"]]
+    panels = len(names) + len(profiles)
+    figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.8), squeeze=False)
+    colours = {family: f"C{index}" for index, family in enumerate(report["families"])}
+    seeds = max(len(entry.get("seeds", [None])) for entry in report["families"].values())
     for axis, reward_name in zip(axes[0], names):
         for family, entry in report["families"].items():
-            hours = [p["modeled_gpu_hours"] for p in entry["curve"]]
-            values = [p["reward"] if reward_name == report["metric"] else p["rewards"][reward_name]
-                      for p in entry["curve"]]
-            axis.plot(hours, values, marker="o", markersize=3, label=family)
+            trained = reward_name == report["metric"]
+            _plot_mean(axis, [p["modeled_gpu_hours"] for p in entry["curve"]],
+                       [p["reward"] if trained else p["rewards"][reward_name] for p in entry["curve"]],
+                       [p.get("reward_se") if trained else p.get("rewards_se", {}).get(reward_name)
+                        for p in entry["curve"]], family, colours[family])
         if reward_name == report["metric"] and BASELINE in report["families"]:
             axis.axhline(report["families"][BASELINE]["final_reward"], color="grey", linestyle="--", linewidth=0.8,
                          label=f"{BASELINE} final")
         axis.set(xlabel=f"modeled GPU-hours ({report['device_profile']}, utilisation {report['utilization']:g})",
                  ylabel=f"evaluation {reward_name}", title=reward_name)
+    for axis, profile in zip(axes[0][len(names):], profiles):
+        for family, entry in report["seed_statistics"]["profiles"][profile]["families"].items():
+            _plot_mean(axis, [p["gpu_hours"] for p in entry["curve"]], [p["reward"] for p in entry["curve"]],
+                       [p["reward_se"] for p in entry["curve"]], family, colours[family])
+        if BASELINE in report["families"]:
+            axis.axhline(report["families"][BASELINE]["final_reward"], color="grey", linestyle="--", linewidth=0.8)
+        axis.set(xlabel=f"modeled GPU-hours ({profile}, re-costed)", ylabel=f"evaluation {report['metric']}",
+                 title=f"{report['metric']}, {profile} (same runs)")
+    for axis in axes[0]:
         axis.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    figure.suptitle(f"{report['preset']}: equal budget of {report['budget_gpu_hours']:.3g} modeled GPU-hours")
+    over = f", mean ± SE over {seeds} seeds" if seeds > 1 else ""
+    figure.suptitle(f"{report['preset']}: equal budget of {report['budget_gpu_hours']:.3g} modeled GPU-hours "
+                    f"({report['device_profile']}){over}")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _plot_mean(axis, hours: list[float], values: list[float], ses: list[float | None], label: str, colour: str):
+    axis.plot(hours, values, marker="o", markersize=3, label=label, color=colour)
+    if ses and all(se is not None for se in ses):
+        axis.fill_between(hours, [v - se for v, se in zip(values, ses)], [v + se for v, se in zip(values, ses)],
+                          color=colour, alpha=0.18, linewidth=0)
 
 
 def sample_grid(results: dict, path: Path, rows: int = GRID_PROMPTS) -> list[dict]:
@@ -359,7 +669,9 @@ def markdown_table(report: dict) -> str:
     families = report["families"]
     reward_names = list(next(iter(families.values()))["final_rewards"])
     speedups = report.get("speedups", {})
-    header = (["family", "iterations", "modeled GPU-h / iteration", "modeled GPU-h used", "CPU s"]
+    seeds = max(len(entry.get("seeds", [None])) for entry in families.values())
+    header = (["family", "iterations", "modeled GPU-h / iteration", "modeled GPU-h used",
+               "CPU s" if seeds == 1 else f"CPU s ({seeds} seeds)"]
               + [f"final {name}" for name in reward_names]
               + ([f"GPU-h to {BASELINE} final", "speed-up"] if speedups else []))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -371,17 +683,24 @@ def markdown_table(report: dict) -> str:
         speedup = at_final.get("speedup") if name != BASELINE else (1.0 if speedups else None)
         row = [name, str(entry["iterations"]), f"{entry['modeled_gpu_hours_per_iteration']:.3g}",
                f"{entry['modeled_gpu_hours_used']:.3g}", f"{entry['cpu_seconds']:.0f}"]
-        row += [f"{entry['final_rewards'][reward]:.4f}" for reward in reward_names]
+        row += [_mean_pm(entry["final_rewards"][reward], entry.get("final_rewards_se", {}).get(reward))
+                for reward in reward_names]
         row += [_fmt(hours_to_final, ".3g", "not reached"), _fmt(speedup, ".2f", "n/a", suffix="x")] if speedups else []
         lines.append("| " + " | ".join(row) + " |")
     base = next(iter(families.values()))["base_rewards"]
     lines.append("")
     lines.append("Base model: " + ", ".join(f"{name} {value:.4f}" for name, value in base.items()) + ".")
+    if seeds > 1:
+        lines.append("")
+        lines.append(f"Each family trained once per run seed ({', '.join(map(str, report['seeds']))}), every run "
+                     f"sized to the same budget; rewards, GPU-hours and speed-ups are means over the seeds "
+                     f"(± standard error across seeds), CPU seconds their sum.")
     spread = report.get("final_reward_spread")
     if spread and spread["paired_differences"]:
         lines.append("")
+        averaged = f", each image's reward averaged over the {seeds} seeds' runs" if seeds > 1 else ""
         lines.append(f"Final {report['metric']} differences, paired over the same {spread['images']} evaluation "
-                     "prompts and seeds (mean ± standard error): " + ", ".join(
+                     f"prompts and seeds{averaged} (mean ± standard error, evaluation noise only): " + ", ".join(
                          f"{pair} {entry['mean']:+.4f} ± {entry['se']:.4f}"
                          for pair, entry in spread["paired_differences"].items()) + ".")
     if report.get("speedup_at_fraction_of_gain"):
@@ -389,7 +708,82 @@ def markdown_table(report: dict) -> str:
         lines.append(f"Speed-up of {CANDIDATE} to equal reward at a share of {BASELINE}'s gain: " + ", ".join(
             f"{float(fraction):.0%}: {_fmt(value, '.2f', 'n/a', suffix='x')}"
             for fraction, value in report["speedup_at_fraction_of_gain"].items()) + ".")
+    if "seed_statistics" in report:
+        lines += seed_tables(report, seeds)
     return "\n".join(lines) + "\n"
+
+
+def seed_tables(report: dict, seeds: int) -> list[str]:
+    """compare.md's across-seed part: rewards at equal GPU-hours, the speed-up under each cost
+    profile and the final-reward differences, each with its bootstrap interval."""
+    statistics, metric, device = report["seed_statistics"], report["metric"], report["device_profile"]
+    bootstrap = statistics["bootstrap"]
+    lines: list[str] = []
+    own = statistics["profiles"][device]
+    if seeds > 1:
+        grid = own["common_grid"]
+        names = list(grid["families"])
+        lines += ["", f"Evaluation {metric} at equal modeled GPU-hours ({device}), mean ± SE over seeds"
+                  + (": the families' iteration costs differ, so each seed's curve is read on this common grid by "
+                     "linear interpolation between its evaluations." if grid["interpolated"] else
+                     ": every family was evaluated at these GPU-hours."), "",
+                  "| modeled GPU-h | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+        for i, hours in enumerate(grid["gpu_hours"]):
+            lines.append(f"| {hours:.3g} | " + " | ".join(
+                _mean_pm(grid["families"][name]["reward"][i], grid["families"][name]["reward_se"][i])
+                for name in names) + " |")
+    if own["speedups"]:
+        how = (f"bootstrap {bootstrap['confidence']:.0%} interval: {bootstrap['resamples']} resamples of the seeds, "
+               f"with replacement within each family independently, bootstrap seed {bootstrap['seed']}; a resample "
+               f"whose mean curve never reaches the target ranks below every defined speed-up, so an interval "
+               f"reaching into them has no lower end" if bootstrap else "one seed per family: no interval")
+        lines += ["", f"Speed-up to {BASELINE}'s final {metric} (GPU-hours {BASELINE} needs / GPU-hours the family "
+                  f"needs, between the seeds' mean curves; {how}):", "",
+                  f"| cost profile | family | target {metric} | {BASELINE} GPU-h | family GPU-h | speed-up | "
+                  "95% interval | resamples undefined (never reached) |", "|---|---|---|---|---|---|---|---|"]
+        for profile, entry in statistics["profiles"].items():
+            label = f"{profile} (sized the budget)" if profile == device else f"{profile} (re-costed)"
+            for name, result in entry["speedups"].items():
+                lines.append(f"| {label} | {name} | {result['target_reward']:.4f} | "
+                             f"{_fmt(result['baseline_gpu_hours'], '.3g', 'n/a')} | "
+                             f"{_fmt(result['candidate_gpu_hours'], '.3g', 'not reached')} | "
+                             f"{_fmt(result['speedup'], '.2f', result.get('note') or 'n/a', suffix='x')} | "
+                             f"{_interval(result['ci'])} | {_undefined(result)} |")
+    others = [profile for profile in statistics["profiles"] if profile != device]
+    for profile in others:
+        used = statistics["profiles"][profile]["families"]
+        lines += ["", f"Under {profile} the same runs are re-costed from the FLOPs per stage each iteration recorded "
+                  f"({statistics['profiles'][profile]['basis']}). The budget was sized under {device}, so the "
+                  f"re-costed curves cover a different budget per family: " + ", ".join(
+                      f"{name} {entry['gpu_hours_used']:.3g}" for name, entry in used.items())
+                  + f" GPU-hours (budget {report['budget_gpu_hours']:.3g} under {device})."]
+    differences = statistics["final_differences"]
+    if differences:
+        lines += ["", f"| final {metric} difference (across seeds) | mean ± SE | bootstrap 95% interval |",
+                  "|---|---|---|"]
+        for pair, entry in differences.items():
+            lines.append(f"| {pair} | {_mean_pm(entry['mean'], entry['se'], '+.4f')} | "
+                         f"{_interval(entry['ci'], '+.4f', '')} |")
+    return lines
+
+
+def _mean_pm(mean: float, se: float | None, spec: str = ".4f") -> str:
+    return f"{mean:{spec}}" if se is None else f"{mean:{spec}} ± {se:.4f}"
+
+
+def _interval(ci: list | None, spec: str = ".2f", suffix: str = "x") -> str:
+    if ci is None:
+        return "n/a"
+    if ci == [None, None]:
+        return "none defined"
+    return f"[{_fmt(ci[0], spec, 'not reached', suffix)}, {_fmt(ci[1], spec, 'not reached', suffix)}]"
+
+
+def _undefined(result: dict) -> str:
+    if not result["resamples"]:
+        return "n/a"
+    never = result["undefined_reasons"].get("candidate_never_reached", 0) / result["resamples"]
+    return f"{result['undefined_share']:.1%} ({never:.1%})"
 
 
 def _fmt(value, spec: str, missing: str, suffix: str = "") -> str:

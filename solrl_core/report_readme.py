@@ -96,7 +96,7 @@ def _compare_section(report_dir: Path) -> str | None:
     speedup = report.get("speedup_to_equal_reward")
     lines.append(f"**Speed-up to equal reward** (GPU-hours diffusionnft needs to reach its own final evaluation "
                  f"reward / GPU-hours sol_rl needs to reach it): **{_num(speedup, '.2f', 'not reached')}"
-                 f"{'x' if speedup is not None else ''}** on the embedded world; "
+                 f"{'x' if speedup is not None else ''}** on the embedded world{_seeds_and_profiles(report)}; "
                  f"paper: {paper}.")
     sol = report["families"].get("sol_rl")
     if sol:
@@ -110,14 +110,51 @@ def _compare_section(report_dir: Path) -> str | None:
     if "naive_quant_below_sol_rl" in report:
         families = report["families"]
         verdict = "below" if report["naive_quant_below_sol_rl"] else "not below"
+        difference = report.get("naive_quant_minus_sol_rl")
+        spread = (f" (naive_quant − sol_rl {difference['mean']:+.4f}, bootstrap 95% interval over seeds "
+                  f"[{difference['ci'][0]:+.4f}, {difference['ci'][1]:+.4f}])"
+                  if difference and difference.get("ci") else "")
         lines.append(f"\nnaive_quant (trained on its own quantized samples) ends {verdict} sol_rl: "
-                     f"{families['naive_quant']['final_reward']:.4f} vs {families['sol_rl']['final_reward']:.4f}.")
+                     f"{families['naive_quant']['final_reward']:.4f} vs {families['sol_rl']['final_reward']:.4f}"
+                     f"{spread}.")
     for name, caption in (("compare.png", "reward against modeled GPU-hours"),
                           ("samples_grid.png", "evaluation prompts and seeds: base model and each family's final "
                                                "policy, with each image's rewards")):
         if (report_dir / name).is_file():
             lines.append(f"\n![{caption}]({name})")
     return "\n".join(lines)
+
+
+def _seeds_and_profiles(report: dict) -> str:
+    """The headline's qualifiers: how many seeds, its bootstrap interval, and the same runs under
+    the other cost profiles (re-costed, so over a different budget)."""
+    seeds = report.get("seeds") or []
+    by_profile = report.get("speedup_by_profile", {})
+    parts = []
+    own = by_profile.get(report["device_profile"])
+    if len(seeds) > 1:
+        parts.append(f"mean curves of {len(seeds)} seeds per family")
+    if own and own.get("ci"):
+        parts.append(f"bootstrap 95% interval over seeds {_interval(own)}")
+    for profile, entry in by_profile.items():
+        if profile == report["device_profile"]:
+            continue
+        interval = f", interval {_interval(entry)}" if entry.get("ci") else ""
+        parts.append(f"**{_times(entry['speedup'])}** with the same runs re-costed under {profile}{interval} "
+                     f"(a different budget: the runs were sized under {report['device_profile']})")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _interval(entry: dict) -> str:
+    """``[low, high]`` and how many resamples had no speed-up (sol_rl never reaching the target)."""
+    low, high = entry["ci"]
+    never = entry.get("undefined_reasons", {}).get("candidate_never_reached", 0) / max(1, entry.get("resamples", 1))
+    bounds = "none defined" if low is None and high is None else f"[{_times(low)}, {_times(high)}]"
+    return f"{bounds}, undefined in {entry['undefined_share']:.0%} of resamples (never reached: {never:.0%})"
+
+
+def _times(value) -> str:
+    return "not reached" if value is None else f"{value:.2f}x"
 
 
 def _ablation_sections(report_dir: Path) -> str | None:
@@ -131,7 +168,9 @@ def _ablation_sections(report_dir: Path) -> str | None:
                  f"| point | iterations | final {report['metric']} | paper HPSv2 |", "|---|---|---|---|"]
         for variant, entry in report["families"].items():
             point = variant.partition("=")[2]
-            lines.append(f"| {variant} | {entry['iterations']} | {entry['final_reward']:.4f} | "
+            se = entry.get("final_reward_se")
+            final = f"{entry['final_reward']:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+            lines.append(f"| {variant} | {entry['iterations']} | {final} | "
                          f"{_num(paper.get(point), '.4f')} |")
         if (path.parent / "compare.png").is_file():
             lines.append(f"\n![{name} ablation]({path.parent.name}/compare.png)")

@@ -153,3 +153,9 @@ def test_compare_cli_runs_every_family_through_one_loop(tmp_path):
     # A second call reads the finished runs back instead of training again.
     assert main(args) == 0
     assert all(e["reused_finished_run"] for e in json.loads((out / "compare.json").read_text())["families"].values())
+    # The pipeline's way in, from the finished single-seed runs, gives the same comparison.
+    from flows.compare import compare_finished_runs
+
+    again = compare_finished_runs(out / "runs", tmp_path / "again", budget)
+    assert {name: entry["final_reward"] for name, entry in again["families"].items()} == {
+        name: entry["final_reward"] for name, entry in report["families"].items()}

@@ -1,0 +1,274 @@
+"""The comparison across run seeds and cost profiles: mean ± SE, interpolation onto a common grid and
+the bootstrap over seeds on constructed curves whose answers are known, re-costing a run's recorded
+FLOPs under another device profile, and one tiny `solrl compare --seeds 0,1` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from solrl_core import seed_stats
+from solrl_core.cli import main
+from solrl_core.compare import bootstrap_speedup
+from solrl_core.config import parse_override
+from solrl_core.presets import resolve_config
+from solrl_core.recost import recosted_hours
+
+LINEAR = [(0.0, 0.1), (1.0, 0.2), (2.0, 0.3), (3.0, 0.4), (4.0, 0.5)]  # +0.1 reward per GPU-hour
+FAST = [(hours / 4, reward) for hours, reward in LINEAR]  # the same gains in a quarter of the GPU-hours
+FLAT = [(hours, 0.1) for hours, _ in FAST]  # never improves, on FAST's grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Mean, standard error, grids
+
+
+def test_mean_and_standard_error_across_seeds():
+    mean, se = seed_stats.mean_se([1.0, 2.0, 3.0])
+    assert mean == 2.0 and se == pytest.approx(1 / math.sqrt(3))  # sample SD 1, over sqrt(3)
+    assert seed_stats.mean_se([0.4]) == (0.4, None)  # one seed: no standard error
+
+
+def test_interpolation_is_linear_between_evaluations_and_never_extrapolates():
+    curve = [(0.0, 0.0), (2.0, 1.0), (4.0, 1.0)]
+    assert seed_stats.on_grid(curve, [0.0, 1.0, 2.0, 3.0, 4.0]) == pytest.approx([0.0, 0.5, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="outside"):
+        seed_stats.interpolate(curve, 4.5)
+
+
+def test_seeds_on_one_grid_average_point_by_point():
+    result = seed_stats.mean_curve([[(0.0, 0.1), (1.0, 0.3)], [(0.0, 0.1), (1.0, 0.5)]])
+    assert not result["interpolated"] and result["gpu_hours"] == [0.0, 1.0]
+    assert result["mean"] == pytest.approx([0.1, 0.4])
+    assert result["se"] == pytest.approx([0.0, 0.1])  # two seeds: SE = |a - b| / 2
+
+
+def test_seeds_on_different_grids_are_interpolated_up_to_the_shortest():
+    result = seed_stats.mean_curve([[(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)], [(0.0, 0.0), (1.5, 3.0)]])
+    assert result["interpolated"] and result["gpu_hours"] == [0.0, 1.0, 1.5]
+    assert result["mean"] == pytest.approx([0.0, (1.0 + 2.0) / 2, (1.5 + 3.0) / 2])
+
+
+def test_families_share_a_grid_only_when_their_iteration_costs_match():
+    same = [[(0.0, 0.1), (1.0, 0.2)], [(0.0, 0.1), (1.0 + 1e-12, 0.4)]]  # float noise of the same costs
+    assert seed_stats.common_grid(same, 4) == ([0.0, 1.0], False)
+    grid, interpolated = seed_stats.common_grid([[(0.0, 0.0), (2.0, 2.0)], [(0.0, 0.0), (1.0, 1.0), (3.0, 3.0)]], 4)
+    assert interpolated and grid == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])  # ends where the shortest ends
+
+
+# ---------------------------------------------------------------------------------------------
+# The bootstrap over seeds
+
+
+def draws_for(**sizes: int) -> dict:
+    return seed_stats.resample_indices(sizes)
+
+
+def test_resampling_is_fixed_by_the_bootstrap_seed():
+    assert draws_for(a=3, b=4) == draws_for(a=3, b=4)
+    assert len(draws_for(a=3)["a"]) == seed_stats.BOOTSTRAP_RESAMPLES == 2000
+    assert seed_stats.resample_indices({"a": 3}, 10, seed=1) != seed_stats.resample_indices({"a": 3}, 10, seed=2)
+
+
+def test_interval_of_a_difference_of_final_rewards():
+    # Mean of 3 draws from {1, 2, 3}: it is exactly 1 with probability 1/27 = 3.7% > 2.5%, and exactly
+    # 3 as often, so the percentile interval of the difference to a family at 0 is [1, 3].
+    result = seed_stats.bootstrap_difference({"a": [1.0, 2.0, 3.0], "b": [0.0, 0.0, 0.0]}, "a", "b",
+                                             draws_for(a=3, b=3))
+    assert result["mean"] == 2.0 and result["se"] == pytest.approx(1 / math.sqrt(3))
+    assert result["ci"] == pytest.approx([1.0, 3.0]) and result["resamples"] == 2000
+
+
+def test_undefined_resamples_rank_lowest():
+    assert seed_stats.interval([1.0, 2.0, 3.0, 4.0, 5.0], confidence=0.5) == pytest.approx([2.0, 4.0])
+    assert seed_stats.interval([None, None, None, 4.0, 5.0], confidence=0.5) == [None, pytest.approx(4.0)]
+
+
+def family(*curves) -> dict:
+    return seed_stats.mean_curve(list(curves))
+
+
+def test_bootstrap_speedup_of_identical_seeds_is_exact():
+    result = bootstrap_speedup(family(LINEAR, LINEAR, LINEAR), family(FAST, FAST, FAST), "base", "cand",
+                               draws_for(base=3, cand=3))
+    assert result["speedup"] == pytest.approx(4.0)
+    assert result["ci"] == pytest.approx([4.0, 4.0]) and result["undefined_share"] == 0.0
+
+
+def test_bootstrap_counts_resamples_where_the_candidate_never_reaches_the_target():
+    # Candidate seeds: one as FAST, one FLAT. A resample reaches the baseline's final reward (0.5)
+    # only if it picks FAST twice (probability 1/4); the mean of both tops out at 0.3.
+    result = bootstrap_speedup(family(LINEAR, LINEAR), family(FAST, FLAT), "base", "cand",
+                               draws_for(base=2, cand=2))
+    assert result["speedup"] is None and result["candidate_gpu_hours"] is None  # the mean curve never gets there
+    assert result["undefined_share"] == pytest.approx(0.75, abs=0.03)
+    undefined = round(result["resamples"] * result["undefined_share"])
+    assert result["undefined_reasons"] == {"candidate_never_reached": undefined}
+    assert result["ci"] == [None, pytest.approx(4.0)]  # the lower end falls among the undefined resamples
+    assert result["ci_defined_only"] == pytest.approx([4.0, 4.0])
+
+
+def test_one_seed_gives_a_point_and_no_interval():
+    result = bootstrap_speedup(family(LINEAR), family(FAST), "base", "cand", None)
+    assert result["speedup"] == pytest.approx(4.0) and result["ci"] is None and result["resamples"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-costing a run's recorded FLOPs
+
+
+def write_metrics(run_dir, records):
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_recosting_charges_the_explorer_per_profile(tmp_path):
+    config = resolve_config("shapes-tiny", "sol_rl")  # emulated NVFP4 explorer, B200, utilisation 0.4
+    flops = {"explore": 1.0e15, "rank": 0, "regenerate": 2.0e14, "update": 3.0e14, "requantize": 1.0e12,
+             "evaluate": 9.0e15}
+    write_metrics(tmp_path / "run", [{"iteration": 0, "flops": flops}, {"iteration": 1, "flops": flops}])
+    # 80% of the explorer's FLOPs are in its quantized layers.
+    estimate = {"flops_per_sample": {"explorer_forward": 100, "explorer_forward_low_precision": 80}}
+    second = 3600 * 1e12 * 0.4
+    others = (2.0e14 + 3.0e14 + 1.0e12) / 2250 / second  # BF16 in both profiles; evaluation is not charged
+    peak = recosted_hours(tmp_path / "run", config, estimate, "B200")
+    assert peak[-1] == 0.0
+    assert peak[0] == pytest.approx((0.8e15 / 9000 + 0.2e15 / 2250) / second + others)
+    assert peak[1] == pytest.approx(2 * peak[0])
+    measured = recosted_hours(tmp_path / "run", config, estimate, "B200-measured")
+    assert measured[0] == pytest.approx(1.0e15 * 0.46 / 2250 / second + others)  # the calibrated explorer step
+
+
+def test_a_run_without_recorded_flops_cannot_be_recosted(tmp_path):
+    from solrl_core.config import ConfigError
+
+    write_metrics(tmp_path / "old", [{"iteration": 0}])
+    estimate = {"flops_per_sample": {"explorer_forward": 1, "explorer_forward_low_precision": 1}}
+    with pytest.raises(ConfigError, match="records no FLOPs"):
+        recosted_hours(tmp_path / "old", resolve_config("shapes-tiny", "sol_rl"), estimate, "B200-measured")
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--seeds", "0,0"], "each seed once"),
+    (["--seeds", "a,b"], "--seeds"),
+    (["--seeds", "-1"], "--seeds"),
+    (["--seeds", ","], "--seeds"),
+    (["--also-profile", "B300"], "--also-profile"),
+    (["--also-profile", "H100"], "no FP4"),  # the quantized families' explorer has no FP4 peak there
+])
+def test_seed_and_profile_errors_are_one_line_exit_2(tmp_path, capsys, arguments, message):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--out", str(out), "--budget-gpu-hours", "1e-6", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error
+    assert not out.exists()
+
+
+def test_seeds_refuse_a_folder_holding_a_single_seed_run(tmp_path, capsys):
+    variant = tmp_path / "cmp" / "runs" / "sol_rl"
+    variant.mkdir(parents=True)
+    (variant / "summary.json").write_text("{}")
+    assert main(["compare", "--families", "sol_rl", "--seeds", "0,1", "--budget-gpu-hours", "1e-6",
+                 "--out", str(tmp_path / "cmp"), "-S", "progress=false"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "single-seed run" in error
+    assert sorted(p.name for p in variant.iterdir()) == ["summary.json"]
+
+
+TINY = ["-S", "prompts_per_iteration=1", "-S", "eval.prompts=2", "-S", "eval.steps=3", "-S", "explore.steps=2",
+        "-S", "regenerate.steps=3", "-S", "train.timestep_fraction=0.34", "-S", "progress=false"]
+
+
+def test_compare_with_two_seeds_reports_means_intervals_and_both_cost_profiles(tmp_path):
+    from flows.compare import compare_finished_runs
+    from solrl_core.accounting import modeled_iteration_hours
+
+    sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in TINY[1::2]])
+    budget = 1.01 * modeled_iteration_hours(sol)["total"]  # one sol_rl iteration per seed
+    out = tmp_path / "cmp"
+    args = ["compare", "--families", "diffusionnft,naive_quant,sol_rl", "--seeds", "0,1", "--budget-gpu-hours",
+            f"{budget!r}", "--evaluations", "1", "--out", str(out), *TINY]
+    assert main(args) == 0
+    report = json.loads((out / "compare.json").read_text())
+    assert report["seeds"] == [0, 1] and "--seeds 0,1" in report["command"]
+    for name, entry in report["families"].items():
+        assert [run["run_dir"] for run in entry["runs"]] == [f"runs/{name}/seed-0", f"runs/{name}/seed-1"]
+        summaries = [json.loads((out / run["run_dir"] / "summary.json").read_text()) for run in entry["runs"]]
+        assert [s["config"]["seed"] for s in summaries] == [0, 1]
+        assert summaries[0]["iterations"] == summaries[1]["iterations"] == entry["iterations"]  # one budget
+        finals = [run["final_reward"] for run in entry["runs"]]
+        assert entry["final_reward"] == pytest.approx(sum(finals) / 2)
+        assert entry["final_reward_se"] == pytest.approx(abs(finals[0] - finals[1]) / 2)
+        assert entry["curve"][-1]["reward_se"] == pytest.approx(entry["final_reward_se"])
+        assert entry["modeled_gpu_hours_used"] <= budget
+    # The seed is the run's: two seeds of one family explore different noises.
+    explore = [[json.loads(line)["explore_reward_mean"] for line in (out / "runs/sol_rl" / seed / "metrics.jsonl")
+                .read_text().splitlines()] for seed in ("seed-0", "seed-1")]
+    assert explore[0] != explore[1]
+
+    statistics = report["seed_statistics"]
+    assert statistics["bootstrap"]["resamples"] == 2000 and set(statistics["profiles"]) == {"B200", "B200-measured"}
+    for profile in ("B200", "B200-measured"):
+        headline = report["speedup_by_profile"][profile]
+        assert 0.0 <= headline["undefined_share"] <= 1.0 and len(headline["ci"]) == 2
+    difference = report["naive_quant_minus_sol_rl"]
+    assert difference["mean"] == pytest.approx(report["families"]["naive_quant"]["final_reward"]
+                                               - report["families"]["sol_rl"]["final_reward"])
+    assert difference["ci"][0] <= difference["mean"] <= difference["ci"][1]
+    # Re-costed: diffusionnft runs no FP4, so its hours are the same under both profiles; sol_rl's
+    # explorer costs 0.46 of a BF16 step instead of its FP4 peak share, so it used more.
+    own, measured = statistics["profiles"]["B200"]["families"], statistics["profiles"]["B200-measured"]["families"]
+    assert measured["diffusionnft"]["gpu_hours_used"] == pytest.approx(own["diffusionnft"]["gpu_hours_used"])
+    assert measured["sol_rl"]["gpu_hours_used"] > own["sol_rl"]["gpu_hours_used"]
+    # Re-costing under the runs' own profile gives back exactly what they recorded.
+    run = out / "runs/sol_rl/seed-1"
+    recorded = [json.loads(line)["modeled_gpu_hours_cumulative"] for line in (run / "metrics.jsonl").read_text()
+                .splitlines()]
+    again = recosted_hours(run, sol, modeled_iteration_hours(sol), "B200")
+    assert [again[i] for i in range(len(recorded))] == pytest.approx(recorded, rel=1e-9)
+
+    table = (out / "compare.md").read_text()
+    assert "B200-measured (re-costed)" in table and "95% interval" in table and "naive_quant - sol_rl" in table
+    assert "re-costed" in (out / "README.md").read_text()
+    # The finished seed runs compare again without training (the pipeline's way in), to the same numbers.
+    again = compare_finished_runs(out / "runs", tmp_path / "again", budget)
+    assert {name: entry["final_reward"] for name, entry in again["families"].items()} == pytest.approx(
+        {name: entry["final_reward"] for name, entry in report["families"].items()})
+    assert again["speedup_by_profile"] == report["speedup_by_profile"]
+    assert main(args) == 0
+    assert all(e["reused_finished_run"] for e in json.loads((out / "compare.json").read_text())["families"].values())
+
+
+def test_a_stopped_comparison_resumes_its_run_from_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    from solrl_core import faults
+    from solrl_core.accounting import modeled_iteration_hours
+
+    sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in TINY[1::2]])
+    budget = 2.01 * modeled_iteration_hours(sol)["total"]  # two iterations
+    out = tmp_path / "cmp"
+    args = ["compare", "--families", "sol_rl", "--seeds", "3", "--budget-gpu-hours", f"{budget!r}",
+            "--evaluations", "1", "--also-profile", "none", "--out", str(out), *TINY]
+    monkeypatch.setenv(faults.ENVIRONMENT, "raise@explore:1")
+    faults.reset()
+    try:
+        assert main(args) == 1
+    finally:
+        monkeypatch.delenv(faults.ENVIRONMENT)
+        faults.reset()
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "run the same command again" in error
+    run = out / "runs/sol_rl/seed-3"
+    assert (run / "checkpoint.safetensors").is_file() and not (run / "summary.json").exists()
+    assert main(args) == 0
+    assert "resuming the interrupted run" in capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from_iteration"] == 1 and summary["config"]["seed"] == 3
+    assert [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    report = json.loads((out / "compare.json").read_text())
+    assert report["seeds"] == [3] and "seed_statistics" in report and len(report["grid"]) == 2
