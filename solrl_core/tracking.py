@@ -49,10 +49,20 @@ def default_tracking_uri(root: Path | None = None) -> str:
     return f"sqlite:///{(root or Path.cwd()).resolve() / STORE_FILE}"
 
 
-def ui_command(tracking_uri: str) -> str:
+def ui_command(tracking_uri: str, experiment_id: str | None = None) -> str:
+    """How to see the run: the UI command (for a local store) and, once the experiment is known,
+    its page in the model-training view (see ``training_view``)."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"open {tracking_uri}"
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+        return f"open {tracking_uri.rstrip('/')}{training_view(experiment_id)}"
+    command = f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    return command if experiment_id is None else f"{command}, then open http://127.0.0.1:5000{training_view(experiment_id)}"
+
+
+def training_view(experiment_id: str | None) -> str:
+    """The experiment's page in the UI's model-training view. MLflow 3.17's UI chooses between its
+    GenAI and model-training views by a switch of its own (remembered per browser, GenAI at first)
+    and reads this URL parameter before it; the experimentKind tag alone does not switch it."""
+    return "/" if experiment_id is None else f"/#/experiments/{experiment_id}?workflowType=machine_learning"
 
 
 def experiment_name(config: Config) -> str:
@@ -83,6 +93,7 @@ class MlflowObserver(RunObserver):
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.config, self.out_dir = config, out_dir
         experiment_id = self._experiment(experiment_name(config))
+        self.ui = ui_command(self.tracking_uri, experiment_id)
         tags = {"solrl.preset": config.preset, "solrl.family": config.family, "solrl.out_dir": str(out_dir),
                 **code_version_tags(), **self.extra_tags}
         run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
@@ -108,6 +119,7 @@ class MlflowObserver(RunObserver):
             self._log_metrics({f"eval/{name}": value for name, value in base_eval.items()}, 0)
         else:
             self.run_id = previous
+            self.ui = ui_command(self.tracking_uri, self.client.get_run(previous).info.experiment_id)
             self.client.update_run(self.run_id, status="RUNNING")
         self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
                             **{f"eval/{k}": v for k, v in base_eval.items()}})

@@ -74,10 +74,18 @@ def test_run_is_in_the_preset_experiment_with_config_params_and_version_tags(log
 
 def test_the_experiment_opens_in_the_ui_s_model_training_view(logged_run, server):
     """Was: MLflow 3 opened the experiment as a GenAI one ("Evaluation runs"), hiding the charts
-    the README's reward-vs-GPU-hours steps use; the UI reads the experiment's kind from this tag."""
+    the README's reward-vs-GPU-hours steps use. The experiment carries the kind tag MLflow defines
+    for training, and the link the run prints opens the model-training view (checked by hand in
+    headless Chromium against `mlflow ui` 3.17.2: the tag alone still opens the GenAI view)."""
     experiment = get_json(server, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="shapes-tiny")
     tags = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}
     assert tags.get("mlflow.experimentKind") == "custom_model_development", tags
+    # MLflow 3.17's UI picks its view by its own switch (GenAI at first) unless the URL names it:
+    # the page the run points to is the experiment's in the model-training view.
+    _, observer, summary = logged_run
+    page = f"/#/experiments/{experiment['experiment']['experiment_id']}?workflowType=machine_learning"
+    assert observer.ui.endswith(f"then open http://127.0.0.1:5000{page}"), observer.ui
+    assert "--host 127.0.0.1" in observer.ui
 
 
 def test_an_experiment_made_before_the_kind_tag_gets_it(tmp_path):
