@@ -268,3 +268,13 @@ def test_an_unwritable_output_directory_is_one_line_before_anything_runs(flaky, 
     err = one_error_line(capsys)
     assert f"cannot write to output directory {out}" in err
     assert not out.exists() and flaky.calls == 0, "nothing created, nothing ran"
+
+
+def test_only_the_stages_that_read_the_state_retry_once():
+    """A retried update or requantize would apply its change twice; explore, rank, regenerate and
+    evaluate only read the state, so a crash of theirs is retried once."""
+    from tasks.stages import STAGE_TASKS
+
+    retries = {name: task.retries for name, task in STAGE_TASKS.items()}
+    assert retries == {"load": 0, "quantize": 0, "explore": 1, "rank": 1, "regenerate": 1, "update": 0,
+                       "requantize": 0, "evaluate": 1}
