@@ -222,7 +222,7 @@ def _run_as_rank(args, world, config, out_dir: Path) -> int:
 
             run_training(config, out_dir, log=lambda line: None, resume=bool(args.resume))
             return 0
-    except (UserError, ConfigError, CheckpointError):
+    except (UserError, ConfigError, CheckpointError, RunFailed):  # RunFailed: rank 0's line, already whole
         raise
     except Exception as failure:  # noqa: BLE001 - a peer that died or hung, a stage that failed
         if os.environ.get("SOLRL_TRACEBACK"):
@@ -285,11 +285,13 @@ def _failure_line(failure: BaseException, out_dir: Path) -> str:
     if isinstance(failure, OSError) and failure.filename:
         what = f"could not write {failure.filename}: {failure.strerror}"
     try:
-        done = read_metadata(out_dir)["next_iteration"]
+        metadata = read_metadata(out_dir)
     except CheckpointError:
         return f"run failed: {what}; nothing to resume (no checkpoint in {out_dir})"
+    done, ranks = metadata["next_iteration"], int(metadata.get("world_size", 1))
+    on_ranks = f" on {ranks} ranks (the same --nproc-per-node / --nnodes)" if ranks > 1 else ""
     return (f"run failed: {what}; the last good checkpoint ({done} iterations done) is in {out_dir}: "
-            f"resume with `solrl run --resume {out_dir}`")
+            f"resume with `solrl run --resume {out_dir}`{on_ranks}")
 
 
 def command_config(args: argparse.Namespace) -> int:

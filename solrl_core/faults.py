@@ -6,7 +6,9 @@ process die or fail, so that resume and error handling are tested on the real co
 * ``kill``   SIGKILL this process (nothing gets to clean up, as with an OOM kill or a lost node);
 * ``raise``  raise :class:`InjectedFault` every time the point is reached in that iteration;
 * ``raise-once``  raise the first time only (a transient failure: a retry succeeds);
-* ``enospc`` raise ``OSError(ENOSPC)`` (a full disk) at a write point.
+* ``enospc`` raise ``OSError(ENOSPC)`` (a full disk) at a write point;
+* ``hang``   sleep for ever, alive (a rank stuck in a driver call or a deadlock: under torchrun
+  the other ranks must end the run within ``--rank-timeout``).
 
 Points (see the ``faults.point`` calls): ``explore`` (pool sampled, not yet scored), ``update``
 (between optimizer steps), ``ledger`` (ledger written, metrics and checkpoint not yet),
@@ -24,11 +26,12 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 ENVIRONMENT = "SOLRL_FAULT"
 RANK_ENVIRONMENT = "SOLRL_FAULT_RANK"
-ACTIONS = ("kill", "raise", "raise-once", "enospc")
+ACTIONS = ("kill", "raise", "raise-once", "enospc", "hang")
 
 
 class InjectedFault(RuntimeError):
@@ -79,6 +82,9 @@ def point(name: str) -> None:
 def _strike(fault: Fault) -> None:
     if fault.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault.action == "hang":
+        while True:
+            time.sleep(3600)
     if fault.action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if fault.action == "raise-once" and fault in _fired:

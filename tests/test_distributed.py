@@ -6,6 +6,7 @@
 * a rank killed in the middle of an update: the run ends (exit 1) well within --rank-timeout,
   with one line naming the last good checkpoint; resuming it on 2 ranks gives the uninterrupted
   2-rank result exactly.
+* a rank that hangs (alive, asleep): the run ends after --rank-timeout, exit 1, one line.
 * two torchrun "nodes" on this machine (--nnodes 2, c10d rendezvous on 127.0.0.1): one job, the
   same result.
 
@@ -188,6 +189,26 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it(tmp_path, two_ranks,
     resumed = solrl("--resume", str(out), "--no-tracking", "--nproc-per-node", "2", log=tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_identical(outputs(out), outputs(two_ranks[0]))
+
+
+def test_a_hung_rank_ends_the_run_within_the_rank_timeout(tmp_path, record_property):
+    """Rank 1 stays alive but never reaches its next collective (asleep in iteration 1's explore):
+    rank 0 times out in the rewards' all-gather after --rank-timeout, torchrun stops rank 1, and
+    the run ends with exit 1 and one line. Without the timeout this would wait for ever (the
+    process wait below fails the test); the seconds it took are recorded, not asserted."""
+    out = tmp_path / "run"
+    timeout = 20
+    started = time.monotonic()
+    result = solrl(*_settings("iterations=2"), "--no-tracking", "--nproc-per-node", "2", "--rank-timeout",
+                   str(timeout), "--out", str(out), log=tmp_path / "hung", timeout=timeout + 300,
+                   SOLRL_FAULT="hang@explore:1", SOLRL_FAULT_RANK="1")
+    record_property("hung_run_s", round(time.monotonic() - started, 1))
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "last good checkpoint (1 iterations done)" in lines[0] and str(out) in lines[0], lines[0]
+    assert lines[0].count("last good checkpoint") == 1 and "Timed out" in lines[0], lines[0]
+    assert f"--resume {out}` on 2 ranks" in lines[0], lines[0]
 
 
 def test_two_nodes_on_one_machine_run_one_job(tmp_path, one_process, record_property):
