@@ -60,7 +60,7 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
           overrides: list[str] | None = None, out: str | None = None, tracking: bool = True,
           tracking_uri: str | None = None, resume: str | None = None, nproc_per_node: int = 1,
           nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-          rank_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+          rank_timeout: float = DEFAULT_TIMEOUT_S, keep_eval_images: bool = False) -> dict:
     """Train one family on one preset (default ``shapes-tiny`` / ``sol_rl``).
 
     ``overrides`` are ``key=value`` strings exactly as ``solrl run -S`` takes them (YAML values).
@@ -71,12 +71,21 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
     ``nproc_per_node`` > 1 (or ``nnodes`` > 1) starts torchrun from this flow run: rank 0 runs every
     stage as a task run of this flow run, the other ranks the same loop unreported (see
     solrl_core/distributed.py; the multi-node settings are those of `solrl run`).
+
+    ``keep_eval_images`` also writes the base and latest evaluation images as `solrl compare`
+    does, so that a comparison reuses the run (a sweep's point, flows/sweep.py; one rank only).
     """
     from solrl_core.models.loading import ModelFilesMissing
 
     launch = checked(Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                             rdzv_endpoint=rdzv_endpoint, rank_timeout=rank_timeout))
     trainer = train
+    if keep_eval_images:
+        if launch.needs_torchrun:
+            raise ConfigError("keep_eval_images is for one-rank runs (a sweep's points); leave nproc_per_node at 1")
+
+        def trainer(config, out_dir, tracking, tracking_uri, resume=False):
+            return train(config, out_dir, tracking, tracking_uri, [evaluation_images(out_dir, resume)], resume=resume)
     if launch.needs_torchrun and not under_torchrun():
         def trainer(config, out_dir, tracking, tracking_uri, resume=False):  # torchrun's ranks train
             return train_on_ranks(launch, config, out_dir, overrides or [], tracking, tracking_uri, resume)
@@ -89,6 +98,16 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
         return trainer(config, output_directory(out, config), tracking, tracking_uri)
     except ModelFilesMissing as missing:  # a deployment's flow run: advice in its parameters' terms
         raise advice_for_this_run(missing) from None
+
+
+def evaluation_images(out_dir: Path, resume: bool):
+    """The observer `solrl compare` trains with, keeping the images its report reads."""
+    from safetensors.torch import load_file
+
+    from solrl_core.compare import EVAL_IMAGES, _EvaluationImages  # compare's own format, one writer
+
+    kept = load_file(str(out_dir / EVAL_IMAGES)) if resume and (out_dir / EVAL_IMAGES).is_file() else None
+    return _EvaluationImages(out_dir, kept)
 
 
 def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: list[str], tracking: bool,
