@@ -7,7 +7,10 @@ hardware: the explorer's quantized Linear layers at FP4 (NVFP4 backends) or FP8,
 (attention, the layers the explorer skips, regeneration, the update, evaluation) at BF16. FLOPs
 of one sample's forward (and of one trained sample's forward + backward) are counted once per
 input shape with ``torch.utils.flop_counter`` and multiplied by the number of calls a stage makes.
-Reward models are not counted: the embedded world's rewards are analytic and do no matmuls.
+Reward models are not counted for the drafts every family scores once (the same for all of them;
+the embedded world's rewards are analytic and do no matmuls), but adaptive exploration's
+intermediate drafts are: each is decoded (the VAE decode counted on the real model) and scored
+(REWARD_SCORING_FLOPS, per reward, as data), at BF16, in the rank stage.
 """
 
 from __future__ import annotations
@@ -39,6 +42,30 @@ MEASURED_STEP_COST: dict[str, dict[str, float]] = {
     # which is conservative for Sol-RL. Update and evaluation: BF16 FLOPs, as in the peak profile.
     "B200-measured": {"fp4": 0.46},
 }
+# FLOPs per image of scoring with each real reward model, 2 x parameters x tokens of its towers at
+# their input size (the paper's models, SPEC §7): ImageReward's BLIP ViT-L/16 at 224 px (197 tokens,
+# 304M) + its BERT-base text tower (110M, ~35 tokens); CLIPScore's ViT-L/14 at 224 (257 tokens,
+# 304M) + text (123M, 77); PickScore's and HPSv2.1's ViT-H/14 at 224 (257 tokens, 632M) + text
+# (354M, 77). The embedded world's rewards are analytic: free. A reward missing here is an error
+# in the cost model, never a silent zero.
+REWARD_SCORING_FLOPS: dict[str, float] = {
+    "imagereward": 2 * (304e6 * 197 + 110e6 * 35),
+    "clipscore": 2 * (304e6 * 257 + 123e6 * 77),
+    "pickscore": 2 * (632e6 * 257 + 354e6 * 77),
+    "hpsv2": 2 * (632e6 * 257 + 354e6 * 77),
+    "shapes-compliance": 0.0,
+    "shapes-aesthetic": 0.0,
+}
+
+
+def scoring_flops(rewards) -> Flops:
+    """FLOPs of scoring one decoded image with every reward in ``rewards`` (names)."""
+    unknown = [name for name in rewards if name not in REWARD_SCORING_FLOPS]
+    if unknown:
+        raise ValueError(f"no scoring cost for reward(s) {', '.join(unknown)} in accounting.REWARD_SCORING_FLOPS")
+    return Flops(high=int(sum(REWARD_SCORING_FLOPS[name] for name in rewards)))
+
+
 # The CUDA capability of each profile's device: what explore.backend=auto resolves to there.
 PROFILE_CAPABILITY = {"B200": (10, 0), "B200-measured": (10, 0), "H100": (9, 0), "H200": (9, 0)}
 
@@ -141,6 +168,7 @@ class SampleFlops:
     reference_forward: Flops  # the base alone (adapters off): the KL reference
     trained_forward_backward: Flops  # the trained adapter, forward + backward
     requantize: Flops  # one requantize (LoRA merges), whole model
+    decode: Flops = Flops()  # one latent to an image (the VAE decoder)
 
 
 # Counted FLOPs per input shape and model layout, shared by every run in the process (counting
@@ -193,6 +221,10 @@ def count_sample_flops(state) -> SampleFlops:
             for name in explorer.layer_names:
                 effective_linear_weights(transformer.get_submodule(name), OLD)
 
+    def decode():
+        with torch.no_grad():
+            policy.decode(latents)
+
     quantized = frozenset(explorer.layer_names) if explorer is not None else frozenset()
     try:
         explorer_forward = count_flops(forward(OLD, use_explorer=True), quantized)
@@ -204,6 +236,7 @@ def count_sample_flops(state) -> SampleFlops:
             reference_forward=count_flops(forward(None)),
             trained_forward_backward=count_flops(forward_backward),
             requantize=count_flops(merge_loras) if explorer is not None and explorer.layer_names else Flops(),
+            decode=count_flops(decode),
         )
     finally:
         for parameter in transformer.parameters():
@@ -235,10 +268,13 @@ class DeviceModel:
 
 
 def stage_flops(config, counts: SampleFlops, explored: int, explore_steps: int, kept: int, train_steps: int,
-                evaluated: bool) -> dict[str, Flops]:
+                evaluated: bool, explore_rows: int | None = None, scored_drafts: int = 0) -> dict[str, Flops]:
     """FLOPs of each stage of one iteration from the number of calls it makes.
 
-    Both samplers make one velocity call per step; the update makes, per trained (sample, timestep)
+    Both samplers make one velocity call per step (DPM-Solver-2M reuses the last step's x0; the
+    explore stage counts the rows it passed to the velocity, ``explore_rows``, which is
+    ``explored x explore_steps`` for the fixed scheme and fewer for adaptive exploration, whose
+    ``scored_drafts`` intermediate drafts are decoded and scored in the rank stage); the update makes, per trained (sample, timestep)
     item, one "old" forward and one reference forward without grad and one forward + backward of
     the trained policy (as ``stages.update`` does).
     """
@@ -247,8 +283,8 @@ def stage_flops(config, counts: SampleFlops, explored: int, explore_steps: int, 
     regenerated = kept if config.regenerate.enabled else 0
     evaluation = config.eval.prompts * config.eval.seeds_per_prompt * config.eval.steps if evaluated else 0
     return {
-        "explore": counts.explorer_forward * (explored * explore_steps),
-        "rank": Flops(),
+        "explore": counts.explorer_forward * (explored * explore_steps if explore_rows is None else explore_rows),
+        "rank": (counts.decode + scoring_flops(config.rewards)) * scored_drafts if scored_drafts else Flops(),
         "regenerate": counts.policy_forward * (regenerated * config.regenerate.steps),
         "update": (counts.policy_forward + counts.reference_forward + counts.trained_forward_backward) * update_items,
         "requantize": counts.requantize,
@@ -279,10 +315,10 @@ class Accountant:
     measured_cumulative: float | None = None
 
     def iteration(self, state, explored: int, explore_steps: int, kept: int, train_steps: int, evaluated: bool,
-                  seconds: dict[str, float]) -> dict:
+                  seconds: dict[str, float], explore_rows: int | None = None, scored_drafts: int = 0) -> dict:
         """The metrics.jsonl fields of one iteration (training stages; evaluation on its own)."""
         flops = stage_flops(state.config, sample_flops(state), explored, explore_steps, kept, train_steps,
-                            evaluated)
+                            evaluated, explore_rows, scored_drafts)
         hours = stage_hours(self.model, flops)
         iteration_hours = sum(hours[stage] for stage in TRAINING_STAGES)
         self.modeled_cumulative += iteration_hours
@@ -337,7 +373,13 @@ def modeled_iteration_hours(config, state=None) -> dict:
     explored = config.prompts_per_iteration * config.pool
     kept = config.prompts_per_iteration * config.keep
     # The trained-on samples are always on the T_train grid: regenerated, or the rollout itself.
-    flops = stage_flops(config, counts, explored, rollout_steps(config), kept, config.regenerate.steps, evaluated=True)
+    from solrl_core.adaptive import schedule_counts
+
+    adaptive = schedule_counts(config)  # per group: explorer sample-steps and drafts scored
+    rows, scored = ((config.prompts_per_iteration * adaptive[0], config.prompts_per_iteration * adaptive[1])
+                    if adaptive else (None, 0))
+    flops = stage_flops(config, counts, explored, rollout_steps(config), kept, config.regenerate.steps, evaluated=True,
+                        explore_rows=rows, scored_drafts=scored)
     hours = stage_hours(device_model(config), flops)
     return {"stages": {stage: hours[stage] for stage in TRAINING_STAGES},
             "total": sum(hours[stage] for stage in TRAINING_STAGES), "evaluate": hours["evaluate"],

@@ -28,6 +28,12 @@ def add_study_commands(commands) -> None:
     fidelity.add_argument("--explore-steps", default="6", help="explorer step counts, e.g. 2,4,6,8 (default 6)")
     fidelity.add_argument("--backend", default="emulated-nvfp4,fp8",
                           help="explorer backends, e.g. emulated-nvfp4,fp8 (default both)")
+    fidelity.add_argument("--adaptive", default=None,
+                          help="adaptive-exploration schedules to measure beside the fixed scheme, STEP:SURVIVORS "
+                               "pairs, ';' between schedules, e.g. '1:48,2:24;2:48,4:32' (default: none)")
+    fidelity.add_argument("--keep", type=int, default=None,
+                          help="kept seeds K the schedules prune to and the rollout cost counts "
+                               "(default 24, or the even part of --pool when smaller)")
     fidelity.add_argument("--out", required=True, help="JSON file to write (a PNG plot is written beside it)")
     _add_overrides(fidelity)
 
@@ -167,6 +173,10 @@ def command_fidelity(args: argparse.Namespace) -> int:
     backends = _name_list(args.backend, "--backend", BACKENDS)
     _count(args.prompts, "--prompts", 1)
     _count(args.pool, "--pool", 2, ": a ranking needs two seeds")
+    keep = min(24, args.pool - args.pool % 2) if args.keep is None else _count(args.keep, "--keep", 2)
+    if keep % 2 or keep > args.pool:
+        raise ConfigError(f"--keep ({keep}) must be even and at most --pool ({args.pool})")
+    schedules = _schedules(args.adaptive, args.pool, keep, steps)
     out = output_path(args.out, "--out", directory=False)
     overrides = [parse_override(text) for text in args.overrides]
     config = _resolve(args.preset, "sol_rl", overrides)
@@ -175,7 +185,8 @@ def command_fidelity(args: argparse.Namespace) -> int:
     # imports print warnings, which must not precede a one-line error.
     from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
 
-    plan = FidelityPlan(prompts=args.prompts, pool=args.pool, explore_steps=tuple(steps), backends=tuple(backends))
+    plan = FidelityPlan(prompts=args.prompts, pool=args.pool, explore_steps=tuple(steps), backends=tuple(backends),
+                        schedules=schedules, keep=keep)
     try:
         report = run_fidelity(config, plan, out=out)
     except _model_errors() as missing:
@@ -184,9 +195,30 @@ def command_fidelity(args: argparse.Namespace) -> int:
     print(f"full precision ({report['full_precision']['steps']} steps): mean reward "
           f"{report['full_precision']['reward_mean']:.4f}")
     for result in report["results"]:
-        print(f"{result['backend']:15s} {result['explore_steps']:2d} steps  {format_result(result)}")
+        cost = result.get("cost", {}).get("B200-measured")
+        speed = f"  speed-up {cost['speedup_vs_naive_scaling']:.2f}x (B200-measured)" if cost else ""
+        print(f"{result['backend']:15s} {result['explore_steps']:2d} steps {result.get('schedule', 'fixed'):>12s}  "
+              f"{format_result(result)}{speed}")
     print(f"wrote {out} and {out.with_suffix('.png')} in {report['seconds']:.0f}s")
     return 0
+
+
+def _schedules(text: str | None, pool: int, keep: int, steps: list[int]) -> tuple:
+    """``--adaptive``: schedules that fit --pool and --keep at one of --explore-steps at least."""
+    from solrl_core.adaptive import schedule_problem
+    from solrl_core.fidelity import parse_schedules
+
+    if text is None:
+        return ()
+    try:
+        schedules = parse_schedules(text)
+    except ValueError as error:
+        raise ConfigError(f"--adaptive: {error}") from None
+    for schedule in schedules:
+        problems = [schedule_problem(*schedule, pool, keep, count) for count in steps]
+        if all(problems):
+            raise ConfigError(f"--adaptive {','.join(f'{a}:{b}' for a, b in zip(*schedule))}: {problems[-1]}")
+    return schedules
 
 
 def command_compare(args: argparse.Namespace) -> int:

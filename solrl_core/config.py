@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-FAMILIES = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")
+FAMILIES = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "sol_rl_adaptive")
 SAMPLERS = ("euler", "dpm2")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # model.device: "auto" or a torch device of one of these types ("cpu", "cuda", "cuda:1", ...);
@@ -79,10 +79,51 @@ class QuantConfig:
 
 
 @dataclass
+class AdaptiveConfig:
+    """Adaptive exploration (solrl_core.adaptive): the whole pool runs ``score_at[0]`` explorer
+    steps, each draft's free x0-prediction is scored, the ``survivors[0]`` most extreme per group
+    (half best, half worst) continue, and so on; the rest of the pool stops there. When the last
+    survivor count is ``keep`` the kept seeds are decided and exploration ends; otherwise the
+    survivors run to ``explore.steps`` and are ranked there."""
+
+    enabled: bool = False
+    score_at: list[int] = field(default_factory=lambda: [1, 2])  # explorer steps taken at each scoring
+    survivors: list[int] = field(default_factory=lambda: [48, 24])  # seeds per group kept at each
+
+
+@dataclass
 class ExploreConfig:
     backend: str = "emulated-nvfp4"
     steps: int = 6
     chunk: int = 24
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+
+
+@dataclass
+class DriftAlarmConfig:
+    """Proxy drift: the online fidelity (mean Spearman of the kept seeds' explorer vs full-precision
+    rewards) below ``threshold`` for ``window`` iterations in a row warns, and once switches the
+    explorer to ``switch_steps`` steps and/or ``switch_backend`` when those are set."""
+
+    threshold: float = 0.3
+    window: int = 3
+    switch_steps: int = 0  # 0: keep explore.steps
+    switch_backend: str = ""  # "": keep explore.backend; e.g. fp8 (more faithful than NVFP4)
+
+
+@dataclass
+class HackingAlarmConfig:
+    """Reward hacking: at an evaluation, a trained reward above its base value while a held-out
+    one (in eval.rewards, not in rewards) is more than ``margin`` below its base value warns."""
+
+    enabled: bool = True
+    margin: float = 0.01
+
+
+@dataclass
+class AlarmsConfig:
+    drift: DriftAlarmConfig = field(default_factory=DriftAlarmConfig)
+    hacking: HackingAlarmConfig = field(default_factory=HackingAlarmConfig)
 
 
 @dataclass
@@ -179,6 +220,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
     progress: bool = True
 
 
@@ -436,9 +478,34 @@ def validate(config: Config) -> Config:
              f"accounting.utilization ({config.accounting.utilization}) must be in (0, 1]")
     accounting_problem = profile_problem(config.accounting.device, config.explore.backend)
     _require(accounting_problem is None, accounting_problem or "")
+    _check_alarms(config)
+    if config.explore.adaptive.enabled:
+        from solrl_core.adaptive import schedule_problem
+
+        problem = schedule_problem(config.explore.adaptive.score_at, config.explore.adaptive.survivors,
+                                   config.pool, config.keep, config.explore.steps)
+        _require(problem is None, f"explore.adaptive: {problem}")
+        _require(config.regenerate.enabled, "explore.adaptive needs regenerate.enabled=true: the pruned drafts "
+                                            "are unfinished and cannot be trained on")
     for name, weight in config.rewards.items():
         _require(math.isfinite(weight), f"rewards.{name}: weight ({weight}) must be a finite number")
     return config
+
+
+def _check_alarms(config: Config) -> None:
+    from solrl_core.accounting import profile_problem
+    from solrl_core.quant.explorer import BACKENDS
+
+    drift = config.alarms.drift
+    _require(-1 <= drift.threshold <= 1, f"alarms.drift.threshold ({drift.threshold}) must be a Spearman in [-1, 1]")
+    _require(drift.switch_steps >= 0, f"alarms.drift.switch_steps ({drift.switch_steps}) must be >= 0 (0: unchanged)")
+    if drift.switch_backend:
+        _require(drift.switch_backend in BACKENDS and drift.switch_backend != "auto",
+                 f"unknown alarms.drift.switch_backend '{drift.switch_backend}'; allowed: "
+                 f"{', '.join(b for b in BACKENDS if b != 'auto')}, or empty")
+        problem = profile_problem(config.accounting.device, drift.switch_backend)
+        _require(problem is None, f"alarms.drift.switch_backend: {problem}")
+    _require(config.alarms.hacking.margin >= 0, f"alarms.hacking.margin ({config.alarms.hacking.margin}) must be >= 0")
 
 
 def _is_device(name: str) -> bool:
@@ -458,7 +525,7 @@ POSITIVE_INTS = ("iterations", "pool", "keep", "prompts_per_iteration", "explore
                  "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
                  "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
                  "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool",
-                 "checkpoint.every")
+                 "checkpoint.every", "alarms.drift.window")
 INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS}}
 
 

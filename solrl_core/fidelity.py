@@ -62,9 +62,10 @@ def ranking_metrics(proxy: torch.Tensor, truth: torch.Tensor, ks: Sequence[int] 
     ks = [k for k in ks if 2 * k <= pool]
     truth = truth.double()
     truth_clean = torch.nan_to_num(truth, nan=-math.inf)
+    scored = torch.isfinite(proxy)  # adaptive exploration leaves pruned seeds unscored: correlations over the rest
     result = {
-        "spearman": _finite_mean([spearman(proxy[g], truth[g]) for g in range(groups)]),
-        "kendall": _finite_mean([kendall_tau(proxy[g], truth[g]) for g in range(groups)]),
+        "spearman": _finite_mean([spearman(proxy[g][scored[g]], truth[g][scored[g]]) for g in range(groups)]),
+        "kendall": _finite_mean([kendall_tau(proxy[g][scored[g]], truth[g][scored[g]]) for g in range(groups)]),
         "top_k_precision": {}, "bottom_k_precision": {}, "bottom_k_contamination": {},
     }
     descending = truth_clean.sort(dim=1, descending=True).values
@@ -108,12 +109,78 @@ def _finite_mean(values: list[float]) -> float | None:
 # The study
 
 
+Schedule = tuple[tuple[int, ...], tuple[int, ...]]  # adaptive exploration: (score_at, survivors)
+
+
 @dataclasses.dataclass(frozen=True)
 class FidelityPlan:
     prompts: int = 64
     pool: int = 96
     explore_steps: tuple[int, ...] = (6,)
     backends: tuple[str, ...] = ("emulated-nvfp4", "fp8")
+    # Adaptive schedules measured beside the fixed scheme at every (backend, explore steps), and the
+    # kept K they prune towards and the rollout cost is modeled with.
+    schedules: tuple[Schedule, ...] = ()
+    keep: int = 24
+
+
+def schedule_label(schedule: Schedule | None) -> str:
+    """``fixed``, or ``1:48,2:24`` (after step 1 keep 48 per group, after step 2 keep 24)."""
+    if schedule is None:
+        return "fixed"
+    return ",".join(f"{step}:{count}" for step, count in zip(*schedule))
+
+
+def parse_schedules(text: str) -> tuple[Schedule, ...]:
+    """``1:48,2:24;2:32`` -> (((1, 2), (48, 24)), ((2,), (32,))); ValueError with the reason."""
+    schedules = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        pairs = [pair.split(":") for pair in part.split(",")]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"schedule {part!r} is not STEP:SURVIVORS pairs, e.g. 1:48,2:24")
+        try:
+            steps, counts = zip(*[(int(a), int(b)) for a, b in pairs])
+        except ValueError:
+            raise ValueError(f"schedule {part!r}: steps and survivor counts are integers, e.g. 1:48,2:24") from None
+        schedules.append((tuple(steps), tuple(counts)))
+    if not schedules:
+        raise ValueError("give at least one schedule, e.g. 1:48,2:24")
+    return tuple(schedules)
+
+
+def rollout_cost(state, counts, backend: str, device: str, pool: int, keep: int, train_steps: int,
+                 explorer_sample_steps: int, scored_drafts: int) -> dict | None:
+    """One group's modeled rollout (explore + scoring of intermediate drafts + regeneration of the
+    kept) against naive scaling (pool x T_train at full precision), on ``device``'s profile; the
+    stage costs in BF16 policy sample-steps. None when the profile cannot model the backend."""
+    from solrl_core.accounting import DeviceModel, backend_precision, profile_problem, scoring_flops
+
+    if profile_problem(device, backend) is not None:
+        return None
+    model = DeviceModel(device, state.config.accounting.utilization, backend_precision(backend, device))
+    step = model.hours(counts.policy_forward)
+    explore = model.hours(counts.explorer_forward * explorer_sample_steps, model.explore_precision)
+    scoring = model.hours((counts.decode + scoring_flops(state.config.rewards)) * scored_drafts)
+    regenerate = step * keep * train_steps
+    naive = step * pool * train_steps
+    total = explore + scoring + regenerate
+    return {"explorer_sample_steps": explorer_sample_steps, "scored_drafts": scored_drafts,
+            "explore_steps_equivalent": explore / step, "scoring_steps_equivalent": scoring / step,
+            "regenerate_steps_equivalent": regenerate / step, "rollout_steps_equivalent": total / step,
+            "naive_steps": pool * train_steps, "speedup_vs_naive_scaling": naive / total}
+
+
+def explorer_counts(state, explorer):
+    """The per-sample FLOPs with ``explorer`` as the run's explorer (counted, nothing changes)."""
+    from solrl_core.accounting import count_sample_flops
+
+    saved, state.explorer = state.explorer, explorer
+    try:
+        return count_sample_flops(state)
+    finally:
+        state.explorer = saved
 
 
 def fidelity_seeds(run_seed: int, prompt_index: int, pool: int) -> list[int]:
@@ -149,7 +216,9 @@ def run_fidelity(config: Config, plan: FidelityPlan, out: Path | None = None,
     from solrl_core.ledger import write_json
     from solrl_core.models.adapters import OLD
     from solrl_core.prompts import evaluation_prompts
+    from solrl_core.adaptive import schedule_problem
     from solrl_core.quant.explorer import build_explorer
+    from solrl_core.rewards.registry import finite_mean
 
     started = time.perf_counter()
     # Held-out prompts (the evaluation split): the study never looks at what RL trains on.
@@ -181,7 +250,8 @@ def run_fidelity(config: Config, plan: FidelityPlan, out: Path | None = None,
 
     def save() -> None:
         order = {backend: index for index, backend in enumerate(("emulated-nvfp4", "te-nvfp4", "fp8", "none"))}
-        report["results"].sort(key=lambda r: (order.get(r["backend"], len(order)), r["explore_steps"]))
+        report["results"].sort(key=lambda r: (order.get(r["backend"], len(order)), r["explore_steps"],
+                                               r.get("schedule", "fixed") != "fixed"))
         pairs = [(r["backend"], r["explore_steps"]) for r in report["results"]]
         report["config"]["backends"] = list(dict.fromkeys(backend for backend, _ in pairs))
         report["config"]["explore_steps"] = sorted({steps for _, steps in pairs})
@@ -201,26 +271,52 @@ def run_fidelity(config: Config, plan: FidelityPlan, out: Path | None = None,
         log(f"fidelity: full precision, {config.regenerate.steps} steps, {truth.numel()} samples in "
             f"{truth_seconds:.0f}s; mean reward {float(truth.mean()):.4f}")
         save()
-    done = {(r["backend"], r["explore_steps"]) for r in report["results"]}
+    done = {(r["backend"], r["explore_steps"], r.get("schedule", "fixed")) for r in report["results"]}
+    keep = min(plan.keep, plan.pool - plan.pool % 2)
+    devices = list(dict.fromkeys([config.accounting.device, "B200-measured"]))
     for backend in plan.backends:
-        todo = [steps for steps in plan.explore_steps if (backend, steps) not in done]
+        todo = [(steps, schedule) for steps in plan.explore_steps for schedule in (None, *plan.schedules)
+                if (backend, steps, schedule_label(schedule)) not in done]
         if not todo:
             continue
         explorer = build_explorer(state.policy.transformer, backend, config.quant.skip, config.quant.min_dim)
         explorer.requantize(state.policy.transformer, adapter=OLD)
         active = explorer if backend != "none" else None
-        for steps in todo:
-            if active is None and steps == config.regenerate.steps:
+        counts = explorer_counts(state, explorer)
+        for steps, schedule in todo:
+            begun = time.perf_counter()
+            if schedule is not None:
+                problem = schedule_problem(*schedule, plan.pool, keep, steps)
+                if problem is not None:
+                    log(f"fidelity: skipping schedule {schedule_label(schedule)} at {steps} steps: {problem}")
+                    continue
+                scores, _, taken = stages.explore_adaptively(state, flat_prompts, seeds, steps, plan.pool, keep,
+                                                             list(schedule[0]), list(schedule[1]), active)
+                proxy, seconds = scores.combined.view(len(prompts), plan.pool), time.perf_counter() - begun
+                rows, scored = taken["explore_rows"] // len(prompts), taken["scored_drafts"] // len(prompts)
+            elif active is None and steps == config.regenerate.steps:
                 proxy, seconds = truth, 0.0  # the full-precision policy at T_train steps is the truth itself
+                rows, scored = plan.pool * steps, 0
             else:
                 proxy, seconds = sample_and_score(steps, active, f"{backend} {steps} steps")
+                rows, scored = plan.pool * steps, 0
             metrics = ranking_metrics(proxy, truth)
-            report["results"].append({"backend": backend, "explore_steps": steps, **metrics,
-                                      "explore_reward_mean": float(proxy.mean()), "seconds": round(seconds, 1)})
-            log(f"fidelity: {backend:15s} {steps:2d} steps  " + format_result(metrics))
+            cost = {device: rollout_cost(state, counts, backend, device, plan.pool, keep, config.regenerate.steps,
+                                         rows, scored) for device in devices}
+            report["results"].append({"backend": backend, "explore_steps": steps, "schedule": schedule_label(schedule),
+                                      **metrics, "explore_reward_mean": finite_mean(proxy.flatten()),
+                                      "keep": keep, "cost": {d: c for d, c in cost.items() if c is not None},
+                                      "seconds": round(seconds, 1)})
+            log(f"fidelity: {backend:15s} {steps:2d} steps {schedule_label(schedule):>12s}  " + format_result(metrics)
+                + _format_cost(report["results"][-1]))
             save()
     save()
     return report
+
+
+def _format_cost(result: dict) -> str:
+    cost = result.get("cost", {}).get("B200-measured")
+    return f"  speed-up {cost['speedup_vs_naive_scaling']:.2f}x (B200-measured)" if cost else ""
 
 
 def _previous_study(out: Path | None, study: dict) -> dict | None:
@@ -258,7 +354,8 @@ def plot_fidelity(report: dict, path: Path) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in report["results"]))
     largest_k = max((int(k) for r in report["results"] for k in r["top_k_precision"]), default=None)
     for backend in backends:
-        rows = sorted((r for r in report["results"] if r["backend"] == backend), key=lambda r: r["explore_steps"])
+        rows = sorted((r for r in report["results"] if r["backend"] == backend and r.get("schedule", "fixed") == "fixed"),
+                      key=lambda r: r["explore_steps"])
         steps = [r["explore_steps"] for r in rows]
         axes[0].plot(steps, [r["spearman"] for r in rows], marker="o", label=backend)
         if largest_k is not None:

@@ -1,4 +1,4 @@
-"""Named presets (model x reward x settings) and the four method families, as data.
+"""Named presets (model x reward x settings) and the method families (SPEC §5, and adaptive), as data.
 
 A preset is a nested mapping applied onto the defaults; a family is a mapping applied after it.
 Per-model differences live here, never in copied training loops.
@@ -177,6 +177,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "naive_scaling": {"pool": 96, "keep": 24, "explore": {"backend": "none"}, "regenerate": {"enabled": False}},
     "naive_quant": {"pool": 96, "keep": 24, "regenerate": {"enabled": False}},
     "sol_rl": {"pool": 96, "keep": 24, "regenerate": {"enabled": True}},
+    # Beyond the paper (solrl_core.adaptive): the pool is pruned on 1- and 2-step drafts, and the
+    # 24 seeds left after step 2 are the kept ones: 96 + 48 explorer sample-steps per group
+    # instead of 96 x 6.
+    "sol_rl_adaptive": {"pool": 96, "keep": 24, "regenerate": {"enabled": True},
+                        "explore": {"adaptive": {"enabled": True, "score_at": [1, 2], "survivors": [48, 24]}}},
 }
 
 

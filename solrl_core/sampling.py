@@ -30,12 +30,81 @@ class SampleResult:
     sigmas: torch.Tensor  # the grid it was sampled on, [steps + 1]
 
 
+class Trajectory:
+    """A batch of deterministic ODE trajectories on one sigma grid that can be advanced a few steps
+    at a time and cut to a subset of its rows, with the arithmetic of a run in one go: a row's
+    state after step i is the same whether it got there in one call or several, alongside whichever
+    rows (adaptive exploration continues only the survivors of a pool, solrl_core.adaptive).
+
+    ``x0`` is the data prediction x - sigma * v of the last velocity call: a free draft of each row.
+    ``velocity_rows`` counts rows passed to the velocity (one call per row per step for both
+    samplers: DPM-Solver-2M reuses the previous call's x0 instead of making a second one).
+    """
+
+    def __init__(self, kind: str, noise: torch.Tensor, sigmas: torch.Tensor):
+        if kind not in SAMPLERS:
+            raise ValueError(f"unknown sampler {kind!r}; allowed: {', '.join(SAMPLERS)}")
+        self.kind, self.sigmas, self.x = kind, sigmas, noise
+        self.step = 0  # steps taken
+        self.x0: torch.Tensor | None = None
+        self.previous_h: float | None = None  # DPM-2M: the last step's log-SNR increment
+        self.velocity_rows = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.sigmas) - 1
+
+    def advance(self, velocity: Velocity, until: int) -> Trajectory:
+        """Take the steps up to ``until`` (at most the grid's last); returns self."""
+        sigma_list = self.sigmas.tolist()
+        while self.step < min(until, self.steps):
+            sigma, sigma_next = sigma_list[self.step], sigma_list[self.step + 1]
+            v = velocity(self.x, _batch_sigma(self.x, sigma))
+            self.velocity_rows += self.x.shape[0]
+            x0 = self.x - sigma * v
+            if self.kind == "euler":
+                self.x = self.x + (sigma_next - sigma) * v
+            else:
+                self.x = self._dpm2_step(x0, sigma, sigma_next)
+            self.x0 = x0
+            self.step += 1
+        return self
+
+    def _dpm2_step(self, x0: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
+        h = _log_snr(sigma_next) - _log_snr(sigma)
+        previous_h, previous_x0 = self.previous_h, self.x0
+        use_second_order = (previous_x0 is not None and self.step != self.steps - 1
+                            and math.isfinite(previous_h) and math.isfinite(h))
+        if use_second_order:
+            r = previous_h / h
+            estimate = (1 + 1 / (2 * r)) * x0 - (1 / (2 * r)) * previous_x0
+        else:
+            estimate = x0
+        self.previous_h = h
+        return _dpm_step(self.x, estimate, sigma, sigma_next, h)
+
+    def rows(self, index: torch.Tensor | list[int]) -> Trajectory:
+        """A new trajectory of the given rows, at the same step with the same solver state."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.x.device)
+        part = Trajectory(self.kind, self.x[index], self.sigmas)
+        part.step, part.previous_h = self.step, self.previous_h
+        part.x0 = None if self.x0 is None else self.x0[index]
+        return part
+
+    @staticmethod
+    def joined(parts: list[Trajectory]) -> Trajectory:
+        """The rows of ``parts`` (all at the same step of the same grid) as one trajectory."""
+        first = parts[0]
+        if any(p.step != first.step or p.kind != first.kind for p in parts):
+            raise ValueError("only trajectories at the same step of the same sampler can be joined")
+        whole = Trajectory(first.kind, torch.cat([p.x for p in parts]), first.sigmas)
+        whole.step, whole.previous_h = first.step, first.previous_h
+        whole.x0 = None if first.x0 is None else torch.cat([p.x0 for p in parts])
+        return whole
+
+
 def euler_sample(velocity: Velocity, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
-    x = noise
-    for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
-        v = velocity(x, _batch_sigma(x, sigma))
-        x = x + (sigma_next - sigma) * v
-    return x
+    return Trajectory("euler", noise, sigmas).advance(velocity, len(sigmas) - 1).x
 
 
 def dpm2_sample(velocity: Velocity, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
@@ -45,23 +114,7 @@ def dpm2_sample(velocity: Velocity, noise: torch.Tensor, sigmas: torch.Tensor) -
     x_t = (sigma_t / sigma_s) x_s - alpha_t (exp(-h) - 1) D, h = lambda_t - lambda_s, where D is
     the current x0 estimate (first order) or its linear extrapolation with the previous one.
     """
-    x = noise
-    previous_x0: torch.Tensor | None = None
-    previous_h: float | None = None
-    sigma_list = sigmas.tolist()
-    last = len(sigma_list) - 2
-    for i, (sigma, sigma_next) in enumerate(zip(sigma_list[:-1], sigma_list[1:])):
-        x0 = x - sigma * velocity(x, _batch_sigma(x, sigma))
-        h = _log_snr(sigma_next) - _log_snr(sigma)
-        use_second_order = previous_x0 is not None and i != last and math.isfinite(previous_h) and math.isfinite(h)
-        if use_second_order:
-            r = previous_h / h
-            estimate = (1 + 1 / (2 * r)) * x0 - (1 / (2 * r)) * previous_x0
-        else:
-            estimate = x0
-        x = _dpm_step(x, estimate, sigma, sigma_next, h)
-        previous_x0, previous_h = x0, h
-    return x
+    return Trajectory("dpm2", noise, sigmas).advance(velocity, len(sigmas) - 1).x
 
 
 def _dpm_step(x: torch.Tensor, estimate: torch.Tensor, sigma: float, sigma_next: float, h: float) -> torch.Tensor:

@@ -44,6 +44,9 @@ class RunState:
     eval_prompts: list[str]
     explorer: Explorer | None = None
     optimizer_steps: int = 0
+    # The proxy-drift alarm switched to the more faithful explorer (alarms.drift.switch_*).
+    drift_switched: bool = False
+    drift_below: int = 0  # iterations in a row with the online fidelity below alarms.drift.threshold
 
 
 @dataclass
@@ -57,6 +60,11 @@ class Drafts:
     latents: torch.Tensor | None  # [P, N, ...], kept only when the family trains on drafts
     full_precision: bool  # drafts drawn without a quantized explorer
     first_slot: int = 0  # global index of the first group: this rank's shard starts there
+    # Explorer sample-steps taken (pool x steps for the fixed scheme, fewer when adaptive), the
+    # intermediate drafts scored, and the seeds pruned before the end (NaN scores, not failures).
+    explore_rows: int = 0
+    scored_drafts: int = 0
+    pruned: int = 0
 
     def combined(self) -> torch.Tensor:
         return self.scores.combined.view(len(self.prompts), -1)
@@ -152,17 +160,74 @@ def explore(state: RunState, iteration: int) -> Drafts:
     prompts = [state.train_prompts[i] for i in prompt_ids]
     seeds = torch.tensor([draw_seeds(config.seed, iteration, slot, config.pool) for slot in slots])
     flat_prompts = [p for p in prompts for _ in range(config.pool)]
-    latents, sigmas = _sample_seeds(state, flat_prompts, seeds.flatten().tolist(), rollout_steps(config),
-                                    config.explore.chunk, adapter=OLD, explorer=state.explorer, label="explore")
-    faults.point("explore")  # the pool is sampled, not yet scored
-    scores = _score(state, latents, flat_prompts, list(config.rewards))
+    steps = explore_steps(state)
+    if config.explore.adaptive.enabled:
+        schedule = config.explore.adaptive
+        scores, sigmas, counts = explore_adaptively(state, flat_prompts, seeds.flatten().tolist(), steps, config.pool,
+                                                    config.keep, schedule.score_at, schedule.survivors, state.explorer)
+        faults.point("explore")
+        latents = None
+    else:
+        latents, sigmas = _sample_seeds(state, flat_prompts, seeds.flatten().tolist(), steps,
+                                        config.explore.chunk, adapter=OLD, explorer=state.explorer, label="explore")
+        faults.point("explore")  # the pool is sampled, not yet scored
+        scores = _score(state, latents, flat_prompts, list(config.rewards))
+        counts = {"explore_rows": len(flat_prompts) * steps}
     if not bool(torch.isfinite(scores.combined).any()):
         raise RewardFailure(f"no finite reward for any of the {len(flat_prompts)} images explored in iteration "
                             f"{iteration}: the policy diverged or the reward model is broken")
     keep_latents = not config.regenerate.enabled
     return Drafts(iteration=iteration, prompts=prompts, prompt_ids=prompt_ids, seeds=seeds, scores=scores,
                   sigmas=sigmas, latents=latents.view(len(prompts), config.pool, *latents.shape[1:]) if keep_latents else None,
-                  full_precision=config.explore.backend == "none", first_slot=slots.start)
+                  full_precision=config.explore.backend == "none", first_slot=slots.start,
+                  **counts)
+
+
+def explore_steps(state: RunState) -> int:
+    """Explorer steps this iteration: the config's, or the drift alarm's more faithful count."""
+    switch = state.config.alarms.drift.switch_steps
+    return switch if state.drift_switched and switch and state.config.regenerate.enabled else rollout_steps(state.config)
+
+
+def explore_adaptively(state: RunState, flat_prompts: list[str], seeds: list[int], steps: int, pool: int, keep: int,
+                       score_at: list[int], survivors: list[int],
+                       explorer: Explorer | None) -> tuple[RewardScores, torch.Tensor, dict]:
+    """Groups of ``pool`` rows pruned on intermediate drafts (solrl_core.adaptive) with the
+    sampling policy under ``explorer``; scores NaN where pruned. Also used by solrl fidelity."""
+    from solrl_core import adaptive
+    from solrl_core.sampling import sigma_grid
+
+    config, policy, names = state.config, state.policy, list(state.config.rewards)
+
+    def noise_of(rows: list[int]) -> torch.Tensor:
+        return batch_noise([seeds[row] for row in rows], policy.latent_shape, torch.float32, policy.device)
+
+    def velocity_of(rows: list[int]):
+        conditioning = policy.conditioning([flat_prompts[row] for row in rows])
+
+        def velocity(x, sigma):
+            with torch.no_grad(), active_adapter(policy.transformer, OLD), _explorer_active(explorer, policy):
+                return policy.velocity(x, sigma, conditioning)
+        return velocity
+
+    def score(latents: torch.Tensor, rows: list[int]):
+        scored = _score(state, latents, [flat_prompts[row] for row in rows], names)
+        return scored.combined, scored.per_reward
+
+    result = adaptive.explore_adaptively(config.sampler.kind, config.sampler.shift, steps, len(seeds) // pool, pool,
+                                         keep, config.explore.chunk, score_at, survivors, noise_of, velocity_of, score)
+    combined = result.scores.clone()
+    per_reward = {name: result.per_reward.get(name, torch.full_like(combined, float("nan"))).clone()
+                  for name in names}
+    if result.finished:
+        final = _score(state, result.latents, [flat_prompts[row] for row in result.finished], names)
+        combined[result.finished] = final.combined.float()
+        for name in names:
+            per_reward[name][result.finished] = final.per_reward[name].float()
+    survivors = len(result.survivors[-1])
+    counts = {"explore_rows": result.velocity_rows, "scored_drafts": result.scored_drafts,
+              "pruned": len(seeds) - survivors}
+    return RewardScores(per_reward=per_reward, combined=combined), sigma_grid(steps, config.sampler.shift), counts
 
 
 def rank(drafts: Drafts, keep: int) -> torch.Tensor:
@@ -196,8 +261,9 @@ def whole_iteration(drafts: Drafts, selection: torch.Tensor, rollout: Rollout, r
         return drafts, selection, rollout, report, fidelity
     parts = distributed.all_gather_objects((
         drafts.prompts, drafts.prompt_ids, drafts.seeds, drafts.scores, selection, rollout.seeds, rollout.scores,
-        report.advantages, fidelity))
+        report.advantages, fidelity, (drafts.explore_rows, drafts.scored_drafts, drafts.pruned)))
     column = list(zip(*parts))
+    explore_rows, scored_drafts, pruned = (sum(values) for values in zip(*column[9]))
 
     def scores(records: tuple[RewardScores, ...]) -> RewardScores:
         return RewardScores(per_reward={name: torch.cat([r.per_reward[name] for r in records])
@@ -206,7 +272,8 @@ def whole_iteration(drafts: Drafts, selection: torch.Tensor, rollout: Rollout, r
 
     whole_drafts = Drafts(iteration=drafts.iteration, prompts=sum(column[0], []), prompt_ids=sum(column[1], []),
                           seeds=torch.cat(column[2]), scores=scores(column[3]), sigmas=drafts.sigmas, latents=None,
-                          full_precision=drafts.full_precision)
+                          full_precision=drafts.full_precision, explore_rows=explore_rows,
+                          scored_drafts=scored_drafts, pruned=pruned)
     whole_rollout = Rollout(prompts=whole_drafts.prompts, seeds=torch.cat(column[5]), latents=torch.empty(0),
                             sigmas=rollout.sigmas, scores=scores(column[6]), full_precision=rollout.full_precision)
     whole_report = replace(report, advantages=torch.cat(column[7]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from solrl_core import faults, stages
+from solrl_core import alarms, distributed, faults, stages
 from solrl_core.distributed import current as current_world
 from solrl_core.accounting import accountant_for
 from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
@@ -84,8 +84,14 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
     compute = accountant_for(state).iteration(
         state, explored=drafts.seeds.numel(), explore_steps=len(drafts.sigmas) - 1, kept=rollout.seeds.numel(),
-        train_steps=len(rollout.sigmas) - 1, evaluated=should_evaluate(state.config, iteration), seconds=clock.seconds)
-    return _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, compute)
+        train_steps=len(rollout.sigmas) - 1, evaluated=should_evaluate(state.config, iteration), seconds=clock.seconds,
+        explore_rows=drafts.explore_rows, scored_drafts=drafts.scored_drafts)
+    metrics = _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, compute)
+    if state.config.explore.adaptive.enabled:
+        metrics["adaptive"] = {"explore_sample_steps": drafts.explore_rows, "scored_drafts": drafts.scored_drafts,
+                               "pruned": drafts.pruned}
+    metrics["alarms"] = alarms.observe_drift(state, metrics["fidelity_spearman"])
+    return metrics
 
 
 def _ledger_rows(drafts, selection, rollout, report):
@@ -108,7 +114,7 @@ def _iteration_metrics(iteration, drafts, rollout, report, fidelity, clock, comp
         # The signal Sol-RL scales: best-half minus worst-half reward of the trained samples.
         "kept_gap": finite_mean(kept[:, :half]) - finite_mean(kept[:, half:]) if kept.shape[1] > 1 else 0.0,
         # Images a reward model gave no finite score: counted, never ranked high, never trained on.
-        "nonfinite_rewards": {"explore": int((~torch.isfinite(drafts.scores.combined)).sum()),
+        "nonfinite_rewards": {"explore": int((~torch.isfinite(drafts.scores.combined)).sum()) - drafts.pruned,
                               "trained": report.unscored_samples},
         "loss": report.loss, "policy_loss": report.policy_loss, "kl_loss": report.kl_loss,
         "grad_norm": report.grad_norm, "optimizer_steps": report.optimizer_steps,
@@ -153,6 +159,12 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
     if checkpoint is not None:
         restore(state, checkpoint)  # before quantize: the explorer is built from the "old" adapter
     quantize_report = runner("quantize", stages.quantize, state)
+    if checkpoint is not None:  # the alarms' state after the iterations already run (rank 0 read them)
+        if current_world().distributed:
+            history_alarms = distributed.all_gather_objects([record.get("alarms", {}) for record in history])[0]
+            alarms.restore_drift(state, [{"alarms": entry} for entry in history_alarms])
+        else:
+            alarms.restore_drift(state, history)
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
     for observer in observers:
@@ -202,8 +214,14 @@ def _train_one(state, iteration: int, out_dir: Path, runner, observers, log: Cal
     metrics = run_iteration(state, iteration, out_dir, runner)
     if should_evaluate(state.config, iteration):
         metrics["eval"] = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
+        hacking = alarms.check_hacking(state.config, base_eval, metrics["eval"])
+        if hacking is not None:
+            metrics["alarms"].update(hacking)
     if not current_world().is_main:
         return metrics.get("eval")
+    for warning in (alarms.drift_warning(metrics["alarms"], state), alarms.hacking_warning(metrics["alarms"])):
+        if warning:
+            log(warning)
     append_jsonl(out_dir / METRICS, metrics)
     for observer in observers:
         observer.on_iteration(metrics)

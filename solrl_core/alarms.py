@@ -1,0 +1,104 @@
+"""Two alarms a run raises in its metrics (metrics.jsonl ``alarms``, MLflow ``alarms/...``) and log.
+
+* Proxy drift: the explorer ranks the pool, so when its rewards stop agreeing with the full-
+  precision ones (the online fidelity: Spearman of the kept seeds' explorer vs regenerated rewards)
+  the selection degrades silently. Below ``alarms.drift.threshold`` for ``alarms.drift.window``
+  iterations in a row, the run warns and, when configured, switches once to a more faithful
+  explorer (more steps, another backend) from the next iteration on.
+* Reward hacking: a trained reward rising while a held-out one (scored at every evaluation, never
+  trained on) falls means the policy exploits the trained reward. At an evaluation, the trained
+  rewards' weighted change since the base evaluation above zero while a held-out reward is more
+  than ``alarms.hacking.margin`` below its base value warns.
+
+Flags are 0/1 integers, so MLflow charts them. Both alarms are functions of what the metrics
+already hold, so a resumed run (and every torchrun rank) reaches the same state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+def observe_drift(state, fidelity: float | None) -> dict:
+    """Update the run's drift state with one iteration's online fidelity; the metrics record."""
+    drift = state.config.alarms.drift
+    low = fidelity is not None and math.isfinite(fidelity) and fidelity < drift.threshold
+    state.drift_below = state.drift_below + 1 if low else 0
+    firing = state.drift_below >= drift.window
+    switch = firing and not state.drift_switched and bool(drift.switch_steps or drift.switch_backend)
+    if switch:
+        switch_explorer(state)
+    return {"proxy_drift": int(firing), "drift_below_for": state.drift_below, "drift_switched": int(switch),
+            "faithful_explorer": int(state.drift_switched)}
+
+
+def drift_warning(record: dict, state) -> str | None:
+    if not record["proxy_drift"]:
+        return None
+    drift = state.config.alarms.drift
+    what = ("; switched the explorer to " + describe_switch(state.config)) if record["drift_switched"] else ""
+    return (f"warning: proxy drift: online fidelity below {drift.threshold} for {record['drift_below_for']} "
+            f"iterations (window {drift.window}){what}")
+
+
+def describe_switch(config) -> str:
+    drift = config.alarms.drift
+    parts = ([f"{drift.switch_steps} steps"] if drift.switch_steps else []) + \
+            ([f"backend {drift.switch_backend}"] if drift.switch_backend else [])
+    return ", ".join(parts)
+
+
+def restore_drift(state, history: list[dict]) -> None:
+    """The drift state after the iterations in ``history`` (a resumed run's metrics records)."""
+    state.drift_below = 0
+    for record in history:
+        alarms = record.get("alarms", {})
+        state.drift_below = alarms.get("drift_below_for", 0)
+        if alarms.get("faithful_explorer") and not state.drift_switched:
+            switch_explorer(state)
+
+
+def switch_explorer(state) -> None:
+    """The more faithful explorer from now on: the alarm's step count (stages.explore_steps reads
+    it) and/or its backend, built and quantized from the sampling policy, charged at its precision."""
+    from solrl_core.accounting import accountant_for, backend_precision
+    from solrl_core.models.adapters import OLD
+    from solrl_core.quant.explorer import build_explorer
+
+    config = state.config
+    state.drift_switched = True
+    backend = config.alarms.drift.switch_backend
+    if backend:
+        state.explorer = build_explorer(state.policy.transformer, backend, config.quant.skip, config.quant.min_dim,
+                                        config.quant.fused)
+        state.explorer.requantize(state.policy.transformer, adapter=OLD)
+        accountant = accountant_for(state)
+        accountant.model = dataclasses.replace(accountant.model,
+                                               explore_precision=backend_precision(backend, config.accounting.device))
+
+
+def held_out_rewards(config) -> list[str]:
+    """Evaluation rewards the run does not train on."""
+    return [name for name in config.eval.rewards if name not in config.rewards]
+
+
+def check_hacking(config, base: dict[str, float], now: dict[str, float]) -> dict | None:
+    """The reward-hacking record of one evaluation against the base one (None: nothing held out)."""
+    held_out = [name for name in held_out_rewards(config) if name in base and name in now]
+    if not config.alarms.hacking.enabled or not held_out:
+        return None
+    trained_change = sum(weight * (now[name] - base[name]) for name, weight in config.rewards.items()
+                         if name in base and name in now)
+    changes = {name: now[name] - base[name] for name in held_out}
+    falling = [name for name, change in changes.items() if change < -config.alarms.hacking.margin]
+    return {"reward_hacking": int(trained_change > 0 and bool(falling)), "trained_change": trained_change,
+            "held_out_change": changes, "falling": falling}
+
+
+def hacking_warning(record: dict | None) -> str | None:
+    if not record or not record.get("reward_hacking"):
+        return None
+    falls = ", ".join(f"{name} {record['held_out_change'][name]:+.4f}" for name in record["falling"])
+    return (f"warning: reward hacking: the trained reward rose {record['trained_change']:+.4f} since the base "
+            f"evaluation while held-out {falls}")
