@@ -211,6 +211,21 @@ def test_a_hung_rank_ends_the_run_within_the_rank_timeout(tmp_path, record_prope
     assert f"--resume {out}` on 2 ranks" in lines[0], lines[0]
 
 
+def test_a_stage_failing_on_one_rank_is_not_retried_there(tmp_path):
+    """explore retries once in one process (a transient failure); under torchrun a retry on rank 0
+    alone would pair its collectives with the other rank's next ones, so the stage fails the run
+    instead: exit 1, one line naming the fault and the checkpoint, no hang. The fault strikes once
+    only, so a retry would have succeeded: the failure itself shows that none was made."""
+    out = tmp_path / "run"
+    result = solrl(*_settings("iterations=1"), "--no-tracking", "--nproc-per-node", "2", "--rank-timeout", "60",
+                   "--out", str(out), log=tmp_path / "failed", timeout=400,
+                   SOLRL_FAULT="raise-once@explore:0", SOLRL_FAULT_RANK="0")
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "InjectedFault" in lines[0], result.stderr[-3000:]
+    assert "last good checkpoint (0 iterations done)" in lines[0], lines[0]
+
+
 def test_two_nodes_on_one_machine_run_one_job(tmp_path, one_process, record_property):
     """Two `solrl run --nnodes 2` launchers (one rank each) meet at a c10d rendezvous on 127.0.0.1."""
     endpoint = f"127.0.0.1:{free_port()}"
