@@ -121,3 +121,26 @@ def test_fidelity_schedule_errors_are_one_line_exit_2(tmp_path, capsys):
     assert main(["fidelity", "--out", str(out), "--pool", "8", "--keep", "4", "--adaptive", "1:7"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--adaptive" in error and not out.exists()
+
+
+def test_a_groups_pruning_does_not_depend_on_the_other_groups_in_the_shard(state):
+    """What keeps torchrun ranks deciding as one process does: batches never mix prompt groups, so
+    even a per-tensor-scaled explorer sees the same batch-mates for a group on any shard."""
+    from solrl_core.models.adapters import OLD
+    from solrl_core.quant.explorer import build_explorer
+
+    config = state.config
+    explorer = build_explorer(state.policy.transformer, "emulated-nvfp4", config.quant.skip, config.quant.min_dim)
+    explorer.requantize(state.policy.transformer, adapter=OLD)
+    prompts = [state.train_prompts[0]] * 8 + [state.train_prompts[1]] * 8
+    seeds = list(range(100, 116))
+
+    def run(rows):
+        scores, _, _ = stages.explore_adaptively(state, [prompts[r] for r in rows], [seeds[r] for r in rows], 4, 8, 4,
+                                                 [1, 2], [6, 6], explorer)
+        return scores.combined
+
+    together = run(list(range(16)))
+    apart = torch.cat([run(list(range(8))), run(list(range(8, 16)))])
+    assert torch.equal(together.isnan(), apart.isnan())
+    assert torch.equal(together.nan_to_num(), apart.nan_to_num())
