@@ -69,7 +69,7 @@ def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
                    if _interval(a)[0] < _interval(b)[1] and _interval(b)[0] < _interval(a)[1]]
     assert overlapping, "no two runs ran at the same time"
     assert all(a["job_variables"] != b["job_variables"] for a, b in overlapping), "two runs shared a device"
-    record_property("sweep_s", round(sum((e - s).total_seconds() for s, e in map(_interval, runs)), 1))
+    record_property("sweep_run_seconds_summed", round(sum((e - s).total_seconds() for s, e in map(_interval, runs)), 1))
 
     report = json.loads((out / "compare.json").read_text())
     assert set(report["families"]) == set(FAMILIES)
