@@ -115,14 +115,16 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
     """torchrun with ``launch``'s ranks, started from this flow run and reporting into it; returns
     the run's summary.
 
-    Rank 0 gets ``train`` wrapped by ``prefect.context.with_context`` (Prefect's documented way to
-    run a function in another process inside the current flow run's context), pickled into a file
-    named by SOLRL_PREFECT_CONTEXT: its stage tasks are then task runs of this flow run."""
+    Rank 0 gets this flow run's context (``prefect.context.serialize_context``, the context that
+    ``with_context`` carries to other processes) as JSON in a file named by SOLRL_PREFECT_CONTEXT,
+    and runs ``train`` inside it: its stage tasks are then task runs of this flow run. JSON, not
+    pickle: nothing read back can run code. The one object in it that JSON cannot hold, the flow,
+    is this module's own ``solrl`` flow, which rank 0 imports."""
     import json
-    import pickle
     import tempfile
 
-    from prefect.context import with_context
+    from prefect.context import serialize_context
+    from pydantic_core import to_jsonable_python
 
     from solrl_core import launch as launching
     from solrl_core.distributed import require_resumable_world, require_shardable
@@ -138,10 +140,10 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
                                         resume=out_dir if resume else None, tracking=tracking,
                                         tracking_uri=tracking_uri)
     with tempfile.TemporaryDirectory(prefix="solrl-ranks-") as folder:
-        context = Path(folder) / "prefect-context.pickle"
-        # Prefect loaded this file as a module named after it (not flows.solrl): the name goes
-        # first, so that rank 0 can give flows.solrl that name before it unpickles the context.
-        context.write_bytes(pickle.dumps((__name__, pickle.dumps(with_context(train)))))
+        context = Path(folder) / "prefect-context.json"
+        serialized = serialize_context()
+        serialized.get("flow_run_context", {}).pop("flow", None)
+        context.write_text(json.dumps(to_jsonable_python(serialized)), encoding="utf-8")
         outcome = launching.start(launch, arguments, {launching.PREFECT_CONTEXT_VARIABLE: str(context)})
     if outcome.returncode != 0:
         sys.stdout.write(outcome.stderr[-4000:])  # into the flow run's log, for whoever reads it
@@ -151,15 +153,19 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
 
 def train_in_flow_context(context_file: Path, config: Config, out_dir: Path, tracking: bool,
                           tracking_uri: str | None, resume: bool) -> dict:
-    """Rank 0 of a torchrun job a flow run started: the ``with_context``-wrapped ``train`` that
-    flow run wrote (see ``train_on_ranks``), so every stage is a task run of that flow run. The
-    task runs' events and logs reach the server as the rank's process exits (Prefect drains its
-    event and log workers at exit; the deployment test checks that they arrive)."""
-    import pickle
+    """Rank 0 of a torchrun job a flow run started: ``train`` inside the context that flow run
+    wrote (see ``train_on_ranks``), so every stage is a task run of that flow run. The task runs'
+    events and logs reach the server as the rank's process exits (Prefect drains its event and log
+    workers at exit; the deployment test checks that they arrive)."""
+    import json
 
-    module_name, wrapped = pickle.loads(context_file.read_bytes())
-    sys.modules.setdefault(module_name, sys.modules[__name__])
-    return pickle.loads(wrapped)(config, out_dir, tracking, tracking_uri, resume=resume)
+    from prefect.context import hydrated_context
+
+    serialized = json.loads(context_file.read_text(encoding="utf-8"))
+    if serialized.get("flow_run_context"):
+        serialized["flow_run_context"]["flow"] = solrl
+    with hydrated_context(serialized):
+        return train(config, out_dir, tracking, tracking_uri, resume=resume)
 
 
 def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: str | None = None,

@@ -27,6 +27,9 @@ from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_
 from solrl_core.models.adapters import EMA, adapter_state
 from solrl_core.rewards.registry import finite_mean
 
+# The evaluation samples as PNG grids: the base model's, and the latest evaluated policy's.
+GRIDS = SAMPLES_BASE, SAMPLES_FINAL = ("samples_base.png", "samples_final.png")
+
 
 # A stage runner calls one stage: (stage name, function, *args) -> result. The default calls it
 # directly; the Prefect flow passes one that runs each stage as a task. One loop serves both.
@@ -196,7 +199,7 @@ def _starting_point(state, runner, observers, out_dir: Path, checkpoint: Checkpo
     """(base evaluation, first iteration to run): evaluated and checkpointed for a new run, read
     from the checkpoint for a resumed one."""
     if checkpoint is None:
-        base_eval = _evaluate(state, runner, observers, out_dir / "samples_base.png", iteration=-1, adapter=None)
+        base_eval = _evaluate(state, runner, observers, out_dir / SAMPLES_BASE, iteration=-1, adapter=None)
         if current_world().is_main:
             save_checkpoint(out_dir, state, next_iteration=0, base_eval=base_eval)
         first = 0
@@ -213,7 +216,7 @@ def _train_one(state, iteration: int, out_dir: Path, runner, observers, log: Cal
     faults.at_iteration(iteration)
     metrics = run_iteration(state, iteration, out_dir, runner)
     if should_evaluate(state.config, iteration):
-        metrics["eval"] = _evaluate(state, runner, observers, out_dir / "samples_final.png", iteration)
+        metrics["eval"] = _evaluate(state, runner, observers, out_dir / SAMPLES_FINAL, iteration)
         hacking = alarms.check_hacking(state.config, base_eval, metrics["eval"])
         if hacking is not None:
             metrics["alarms"].update(hacking)
@@ -243,7 +246,9 @@ def _summary(state, out_dir: Path, evaluations: list[dict], seconds: float, chec
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
         "explore_backend": state.explorer.backend,  # explore.backend=auto resolved for this device
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT)},
+        # The sample grids too (when written), so the closing table says where the pictures are.
+        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT, *GRIDS)
+                    if name not in GRIDS or (out_dir / name).exists()},
         "config": to_dict(config),
     }
 

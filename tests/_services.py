@@ -84,5 +84,36 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -
     return result
 
 
+def prefect_api(url: str, body: dict) -> list | dict:
+    """POST ``body`` to a Prefect server's REST endpoint ``url`` (e.g. .../flow_runs/filter)."""
+    import json
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@contextmanager
+def prefect_server_with_deployment(tmp_path: Path, name: str = "shapes-tiny", concurrency_limit: int | None = None):
+    """A real Prefect server on a free loopback port, the `solrl-process` work pool (optionally
+    with a concurrency limit) and the deployment ``name`` of prefect.yaml; yields (api url, env)
+    for the workers and clients the test starts."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = environment(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
+                      PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="2", PWD=str(ROOT),
+                      OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with service([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
+                  "--analytics-off"], tmp_path / "server.log", env, tmp_path) as server:
+        wait_for_http(f"{api}/health", 180, server, tmp_path / "server.log")
+        run([str(BIN / "prefect"), "work-pool", "create", "solrl-process", "--type", "process"], env, ROOT)
+        if concurrency_limit is not None:
+            run([str(BIN / "prefect"), "work-pool", "set-concurrency-limit", "solrl-process", str(concurrency_limit)],
+                env, ROOT)
+        run([str(BIN / "prefect"), "deploy", "--name", name], env, ROOT)
+        yield api, env
+
+
 def _tail(log: Path | None, chars: int = 4000) -> str:
     return log.read_text(errors="replace")[-chars:] if log is not None and log.exists() else ""

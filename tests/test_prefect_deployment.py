@@ -10,12 +10,11 @@ import json
 import re
 import subprocess
 import time
-import urllib.request
 
 import polars as pl
 import pytest
 
-from tests._services import BIN, ROOT, environment, free_port, run, service, wait_for_http
+from tests._services import BIN, ROOT, environment, free_port, prefect_api, run, service, wait_for_http
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +22,6 @@ STAGES = {"load", "quantize", "evaluate", "explore", "rank", "regenerate", "upda
 DEPLOYMENTS = {"shapes-tiny", "flux-imagereward", "flux-clipscore", "sana-hpsv2", "sd35l-pickscore"}
 SHORT = ["prompts_per_iteration=2", "pool=8", "keep=4", "eval.prompts=2", "eval.steps=4", "explore.steps=3",
          "regenerate.steps=4", "train.micro_batch=64"]
-
-
-def _api(url: str, body: dict) -> list | dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
@@ -50,7 +42,7 @@ def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
         run([str(BIN / "prefect"), "work-pool", "create", "solrl-process", "--type", "process"], env, ROOT)
         deployed = run([str(BIN / "prefect"), "deploy", "--all"], env, ROOT)
         timings["pool_and_deploy_s"] = time.monotonic() - mark
-        deployments = _api(f"{api}/deployments/filter", {"limit": 50})
+        deployments = prefect_api(f"{api}/deployments/filter", {"limit": 50})
         assert {d["name"] for d in deployments} == DEPLOYMENTS, deployed.stdout[-2000:]
 
         out = tmp_path / "run"
@@ -71,10 +63,10 @@ def test_deployment_runs_one_iteration_on_a_worker(tmp_path, record_property):
                 stdin=subprocess.DEVNULL)
 
         flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", result.stdout).group(1)
-        [flow_run] = _api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
-        task_runs = _api(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+        [flow_run] = prefect_api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+        task_runs = prefect_api(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
         missing_id = re.search(r"UUID:\s*([0-9a-f-]{36})", missing.stdout).group(1)
-        [missing_run] = _api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [missing_id]}}})
+        [missing_run] = prefect_api(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [missing_id]}}})
 
     assert missing_run["state_type"] == "FAILED", missing.stdout[-3000:]
     message = missing_run["state"]["message"]

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from datetime import datetime
 
 import pytest
 
-from tests._services import BIN, ROOT, environment, free_port, run, service, wait_for_http
+from tests._services import BIN, ROOT, prefect_api, prefect_server_with_deployment, service
 
 pytestmark = pytest.mark.slow
 
@@ -25,30 +24,13 @@ FAMILIES, SEEDS, DEVICES = ["diffusionnft", "sol_rl"], [0, 1], 2
 BUDGET = 1e-12  # below one iteration's modeled cost: every run is sized to one iteration
 
 
-def _api(url: str, body: dict) -> list | dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
 def _interval(flow_run: dict) -> tuple[datetime, datetime]:
     return datetime.fromisoformat(flow_run["start_time"]), datetime.fromisoformat(flow_run["end_time"])
 
 
 def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = environment(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
-                      PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="2", PWD=str(ROOT),
-                      OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     out = tmp_path / "sweep"
-    with service([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-                  "--analytics-off"], tmp_path / "server.log", env, tmp_path) as server:
-        wait_for_http(f"{api}/health", 180, server, tmp_path / "server.log")
-        run([str(BIN / "prefect"), "work-pool", "create", "solrl-process", "--type", "process"], env, ROOT)
-        run([str(BIN / "prefect"), "work-pool", "set-concurrency-limit", "solrl-process", str(DEVICES)], env, ROOT)
-        run([str(BIN / "prefect"), "deploy", "--name", "shapes-tiny"], env, ROOT)
+    with prefect_server_with_deployment(tmp_path, concurrency_limit=DEVICES) as (api, env):
         worker = [str(BIN / "prefect"), "worker", "start", "--pool", "solrl-process", "--type", "process", "--limit", "1"]
         with service(worker, tmp_path / "worker0.log", env, ROOT), service(worker, tmp_path / "worker1.log", env, ROOT):
             command = [sys.executable, "-m", "flows.sweep", "--devices", str(DEVICES), "--budget-gpu-hours", str(BUDGET),
@@ -56,8 +38,8 @@ def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
                        "--poll-seconds", "2", "--out", str(out), *[part for o in TINY for part in ("-S", o)]]
             result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900,
                                     stdin=subprocess.DEVNULL)
-        deployments = _api(f"{api}/deployments/filter", {"limit": 10})
-        runs = _api(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [d["id"] for d in deployments]}},
+        deployments = prefect_api(f"{api}/deployments/filter", {"limit": 10})
+        runs = prefect_api(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [d["id"] for d in deployments]}},
                                                 "limit": 50})
 
     logs = "".join((tmp_path / f"worker{i}.log").read_text(errors="replace")[-2000:] for i in range(2))
