@@ -44,7 +44,8 @@ def fake_quantize_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     block_scale = block_scale.to(torch.float8_e4m3fn).float()
     combined = (block_scale * safe_tensor).unsqueeze(-1)
     scaled = torch.where(combined > 0, blocks / torch.where(combined > 0, combined, 1.0), 0.0)
-    values = round_to_e2m1(scaled) * combined
+    # (code x block scale) is exact; one rounding when the tensor scale is applied, as nvfp4.py does.
+    values = round_to_e2m1(scaled) * block_scale.unsqueeze(-1) * safe_tensor
     return values.reshape(flat.shape[0], -1)[:, : shape[-1]].reshape(shape).to(x.dtype)
 
 
