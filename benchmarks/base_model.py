@@ -72,7 +72,7 @@ def main() -> None:
                                                       ("eval.seeds_per_prompt", args.seeds),
                                                       ("model.path", args.model_path), ("progress", False)])
     state = stages.initial_state(config)
-    rewards, images = stages.evaluate(state, adapter=None)
+    _, images = stages.evaluate(state, adapter=None)  # its means are recomputed below, with SEs
     prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
     per_sample = state.rewards.score(images, prompts, list(config.eval.rewards)).per_reward
     report = {"model_path": args.model_path or str(CHECKPOINT.name), "prompts": len(state.eval_prompts),
@@ -84,7 +84,7 @@ def main() -> None:
         report["rewards"][name] = {**mean_and_se(by_prompt.mean(1)),
                                    "within_prompt_std_mean": float(by_prompt.std(1).mean()),
                                    "share_of_samples_above_0.5": float((values > 0.5).double().mean())}
-        print(f"{name}: {rewards[name]:.4f} ± {report['rewards'][name]['se']:.4f} (SE over prompts); "
+        print(f"{name}: {report['rewards'][name]['mean']:.4f} ± {report['rewards'][name]['se']:.4f} (SE over prompts); "
               f"within-prompt std {report['rewards'][name]['within_prompt_std_mean']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.out.with_suffix(".tmp")

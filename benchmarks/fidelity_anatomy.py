@@ -16,7 +16,6 @@ import fnmatch
 import json
 import sys
 import time
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -107,14 +106,11 @@ class RoundedExplorer:
             return F.linear(self.activations(x.float()), weight, bias).to(x.dtype)
         return forward
 
-    @contextmanager
     def active(self, model: torch.nn.Module):
-        with ExitStack() as stack:
-            for name in self.layer_names:
-                module = model.get_submodule(name)
-                module.forward = self._forward(name)
-                stack.callback(module.__dict__.pop, "forward")
-            yield
+        # The explorer's own forward swap (restores whatever forward each layer had, also on errors).
+        from solrl_core.quant.explorer import _all_forwards_replaced
+
+        return _all_forwards_replaced(model, {name: self._forward(name) for name in self.layer_names})
 
 
 def parameter_share(model: torch.nn.Module, names: list[str]) -> float:

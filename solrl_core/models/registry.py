@@ -57,9 +57,10 @@ LOADERS: dict[str, Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy
 
 
 def check_model_files(model: ModelConfig) -> None:
-    """Raise ModelFilesMissing now if the model's files are missing or of the wrong kind: a cheap
-    check (no import of diffusers, nothing loaded) for callers that want to fail before starting
-    heavier machinery."""
+    """Raise ModelFilesMissing now if the model's files are missing or of the wrong kind, for
+    callers that want to fail before starting heavier machinery. Real models: headers and file
+    layout only (no import of diffusers, nothing loaded). The embedded world: its 2.4 MB checkpoint
+    is loaded into the architecture it declares, which is what catches another model's weights."""
     from solrl_core.models.flux_dev import FLUX_DEV
     from solrl_core.models.loading import resolve_model_dir
     from solrl_core.models.sana import SANA_1600M

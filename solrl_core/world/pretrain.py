@@ -186,10 +186,11 @@ class Trainee:
 
     def averaged_networks(self, arch: TinyArchitecture) -> tuple[torch.nn.Module, torch.nn.Module]:
         transformer, text_encoder = build_transformer(arch), ShapesTextEncoder(arch)
+        # Strict: every parameter is averaged and neither network has buffers, so nothing may be left out.
         transformer.load_state_dict({k[len("transformer."):]: v for k, v in self.average.items()
-                                     if k.startswith("transformer.")}, strict=False)
+                                     if k.startswith("transformer.")})
         text_encoder.load_state_dict({k[len("text_encoder."):]: v for k, v in self.average.items()
-                                      if k.startswith("text_encoder.")}, strict=False)
+                                      if k.startswith("text_encoder.")})
         return transformer, text_encoder
 
 
