@@ -18,22 +18,12 @@ from pathlib import Path
 
 import torch
 
+from solrl_core.local_files import ModelFilesMissing, check_tokenizer, find_folder, why_not_found
 from solrl_core.models.policy import FlowPolicy
 
+__all__ = ["ModelFilesMissing", "PipelineModel", "Placement", "check_tokenizer", "load_pipeline", "pipeline_policy",
+           "resolve_model_dir"]
 
-class ModelFilesMissing(FileNotFoundError):
-    """Model or reward-model files are not on this machine; the message is one actionable line."""
-
-    def __init__(self, message: str = ""):
-        from solrl_core.config import one_line
-
-        super().__init__(one_line(str(message)))
-
-
-# A tokenizer whose vocabulary covers less than this share of its text encoder's embedding table
-# was not really loaded: transformers 5 returns a near-empty tokenizer (about a hundred special
-# tokens) instead of raising when its files are missing offline. Real pairs are at >= 0.99.
-MIN_VOCAB_COVERAGE = 0.5
 # Latents decoded per VAE call: a 1024 px decode needs a few GB of activations per image.
 DECODE_CHUNK = 4
 
@@ -63,67 +53,16 @@ def resolve_model_dir(model: PipelineModel, path: str) -> Path:
     """The local pipeline folder: ``path`` (a folder or a cached repo id), else the env var, else
     the model's repo in the local Hugging Face cache; checks the expected layout."""
     source = path or os.environ.get(model.env_var, "") or model.hub_repo
-    directory = _local_folder(source)
+    directory = find_folder(source)
     missing = [] if directory is None else _missing_parts(directory, model.components)
     if directory is None or missing:
-        where = f"{source} ({_not_a_folder(source)})" if directory is None \
+        where = f"{source} ({why_not_found(source)})" if directory is None \
             else f"{directory} (missing {', '.join(missing)})"
         raise ModelFilesMissing(
             f"{model.name} weights not found at {where}; expected {model.layout()}: give it with "
             f"-S model.path=DIR or {model.env_var}=DIR, or pre-fill the Hugging Face cache with {model.hub_repo}"
         )
     return directory
-
-
-def local_path(source: str) -> Path | None:
-    """``source`` as an absolute local path (``~`` expanded, a relative path resolved against the
-    working directory), or None where it cannot name one (``~nosuchuser``, a NUL, too long)."""
-    try:
-        return Path(source).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
-
-
-def path_kind(path: Path | None) -> str:
-    """"folder", "file", "missing" (or "unreadable"), for messages and checks that must not raise."""
-    try:
-        return "missing" if path is None or not path.exists() else "folder" if path.is_dir() else "file"
-    except (OSError, ValueError):
-        return "unreadable"
-
-
-def _not_a_folder(source: str) -> str:
-    """Why a model source is not a usable folder, naming the absolute path that was looked at."""
-    path = local_path(source)
-    kind = path_kind(path)
-    if kind == "file":
-        return f"{path} is a file, not a folder"
-    looked = f"no folder at {path}" if path is not None else "not a usable path"
-    return f"{looked}, not in the local Hugging Face cache" if _looks_like_repo_id(source) else looked
-
-
-def _local_folder(source: str) -> Path | None:
-    candidate = local_path(source)
-    if path_kind(candidate) == "folder":
-        return candidate
-    if _looks_like_repo_id(source):
-        return cached_snapshot(source)
-    return None
-
-
-def _looks_like_repo_id(source: str) -> bool:
-    parts = source.split("/")
-    return len(parts) == 2 and all(parts) and not source.startswith((".", "~"))
-
-
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The repo's folder in the local Hugging Face cache, or None; never touches the network."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - any failure means "not available offline"
-        return None
 
 
 def _missing_parts(directory: Path, components: Sequence[str]) -> list[str]:
@@ -145,16 +84,6 @@ def load_pipeline(model: PipelineModel, directory: Path, dtype: torch.dtype):
         check_tokenizer(f"{model.name} {tokenizer_name}", getattr(pipe, tokenizer_name),
                         getattr(pipe, encoder_name).config.vocab_size, directory / tokenizer_name)
     return pipe
-
-
-def check_tokenizer(label: str, tokenizer, vocab_size: int, where: Path | str) -> None:
-    """Raise when a tokenizer is far smaller (or larger) than its model's embedding table."""
-    size = len(tokenizer)
-    if not MIN_VOCAB_COVERAGE * vocab_size <= size <= vocab_size:
-        raise ModelFilesMissing(
-            f"{label}: the tokenizer loaded from {where} has {size} tokens but the model's embedding "
-            f"table has {vocab_size}; its vocabulary files are missing or belong to another model"
-        )
 
 
 @dataclass

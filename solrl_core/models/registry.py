@@ -79,7 +79,7 @@ def check_tiny_checkpoint(path: str) -> None:
     safetensors file with its architecture in the metadata; only the header is read."""
     from safetensors import SafetensorError, safe_open
 
-    from solrl_core.models.loading import local_path, path_kind
+    from solrl_core.local_files import local_path, path_kind
 
     file = local_path(path) if path else SHAPES_TINY_CHECKPOINT
     kind = path_kind(file)

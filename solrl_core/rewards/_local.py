@@ -2,7 +2,8 @@
 image batches into the PIL images their own preprocessing expects.
 
 A reward's files are looked up in order: the path given in the config (``reward_paths``), the
-reward's environment variable, then its repo in the local Hugging Face cache. Nothing downloads;
+reward's environment variable, then its repo in the local Hugging Face cache, by the same rules as
+a model's (:mod:`solrl_core.local_files`). Nothing downloads;
 missing files raise :class:`ModelFilesMissing` with one line saying what was looked for and how to
 provide it.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from solrl_core.models.loading import ModelFilesMissing, cached_snapshot, check_tokenizer, local_path, path_kind
+from solrl_core.local_files import ModelFilesMissing, check_tokenizer, find_folder, why_not_found
 
 __all__ = ["LocalFiles", "ModelFilesMissing", "check_tokenizer", "register_package", "reward_device", "timm_quietly",
            "to_pil"]
@@ -45,10 +46,12 @@ class LocalFiles:
     def resolve(self, path: str = "") -> Path:
         """The folder holding ``required``; ``path`` may also name one of the required files."""
         source = path or os.environ.get(self.env_var, "") or self.hub_repo
-        folder = _folder(source)
+        # A reward's path may name one of its files (the checkpoint): the folder holding it is meant.
+        folder = find_folder(source, file_names_folder=True)
         missing = list(self.required) if folder is None else [r for r in self.required if not has_file(folder, r)]
         if missing:
-            where = str(folder) if folder is not None else f"{source} ({_not_found(source)})"
+            where = str(folder) if folder is not None \
+                else f"{source} ({why_not_found(source, file_names_folder=True)})"
             raise ModelFilesMissing(f"reward '{self.reward}': {_names(missing)} not found in {where}; {self._how()}")
         return folder
 
@@ -59,31 +62,6 @@ def has_file(folder: Path, requirement: str) -> bool:
 
 def _names(requirements) -> str:
     return ", ".join(r.replace("|", " (or ") + (")" if "|" in r else "") for r in requirements)
-
-
-def _folder(source: str) -> Path | None:
-    candidate = local_path(source)  # absolute: a relative path is resolved against the working directory
-    kind = path_kind(candidate)
-    if kind == "file":
-        return candidate.parent
-    if kind == "folder":
-        return candidate
-    if _is_repo_id(source):
-        return cached_snapshot(source)
-    return None
-
-
-def _not_found(source: str) -> str:
-    """Where a reward's files were looked for: the absolute local path, and the hub cache."""
-    local = local_path(source)
-    looked = f"no file or folder at {local}" if local is not None else "not a usable path"
-    return f"{looked}, not in the local Hugging Face cache" if _is_repo_id(source) else looked
-
-
-def _is_repo_id(source: str) -> bool:
-    """Not a local path: a repo id ("org/name", or a legacy one like "bert-base-uncased") in the cache."""
-    return bool(source) and source.count("/") <= 1 and not source.startswith(("/", ".", "~")) \
-        and not source.endswith("/")
 
 
 def reward_device() -> torch.device:
