@@ -33,6 +33,7 @@ import torch
 from solrl_core import faults
 from solrl_core.config import Config, ConfigError, from_dict, set_key, to_dict, validate
 from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines
+from solrl_core.mappings import changed_settings
 
 CHECKPOINT = "checkpoint.safetensors"
 FORMAT = 1
@@ -231,7 +232,7 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
     config = copy.deepcopy(saved)
     for key, value in overrides:
         set_key(config, key, value)
-    changed = [key for key in _changed_keys(to_dict(saved), to_dict(config)) if key not in RESUMABLE_CHANGES]
+    changed = [key for key in changed_settings(to_dict(saved), to_dict(config)) if key not in RESUMABLE_CHANGES]
     if changed:
         raise ConfigError(f"--resume continues the checkpointed config; these overrides would change it: "
                           f"{', '.join(changed)} (only {', '.join(RESUMABLE_CHANGES)} may change)")
@@ -239,16 +240,6 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
         raise ConfigError(f"iterations ({config.iterations}) is below the {metadata['next_iteration']} "
                           f"iterations the checkpoint has already run")
     return validate(config)
-
-
-def _changed_keys(before: dict, after: dict, prefix: str = "") -> list[str]:
-    changed = []
-    for key in after:
-        if isinstance(after[key], dict) and isinstance(before.get(key), dict) and key not in ("rewards", "reward_paths"):
-            changed.extend(_changed_keys(before[key], after[key], f"{prefix}{key}."))
-        elif before.get(key) != after[key]:
-            changed.append(f"{prefix}{key}")
-    return changed
 
 
 def restore(state, checkpoint: Checkpoint) -> None:

@@ -30,6 +30,7 @@ import torch
 from solrl_core import seed_stats
 from solrl_core.config import Config, set_key, to_dict, validate
 from solrl_core.ledger import write_json
+from solrl_core.mappings import changed_settings
 from solrl_core.recost import check_also_profiles, recosted_hours
 from solrl_core.training import METRICS, SUMMARY, RunObserver, run_training
 
@@ -360,7 +361,7 @@ def family_entry(name: str, seed_list: list[dict], seed_points: list[list[dict]]
                   "final_reward": points[-1]["reward"], "final_rewards": run["summary"]["eval_reward_final"],
                   "cpu_seconds": run["summary"]["seconds"], "reused_finished_run": run["reused"], "curve": points}
                  for run, points in zip(seed_list, seed_points)],
-        "overrides": {key: value for key, value in _diff(to_dict(reference), to_dict(config)).items()
+        "overrides": {key: value for key, value in changed_settings(to_dict(reference), to_dict(config)).items()
                       if key != "seed"},
         "config": to_dict(config),
     }
@@ -526,16 +527,6 @@ def final_reward_spread(results: dict, config: Config) -> dict:
 
 def _mean_se(values: torch.Tensor) -> dict:
     return {"mean": float(values.mean()), "se": float(values.std() / math.sqrt(values.numel()))}
-
-
-def _diff(reference: dict, other: dict, prefix: str = "") -> dict:
-    changed = {}
-    for key, value in other.items():
-        if isinstance(value, dict) and isinstance(reference.get(key), dict) and key not in ("rewards",):
-            changed.update(_diff(reference[key], value, f"{prefix}{key}."))
-        elif reference.get(key) != value:
-            changed[f"{prefix}{key}"] = value
-    return changed
 
 
 # ---------------------------------------------------------------------------------------------

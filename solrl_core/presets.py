@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from solrl_core.config import Config, ConfigError, apply_mapping, validate
+from solrl_core.mappings import merge_nested
 
 # Modules of a FLUX transformer that stay in full precision whatever their size: the input
 # embedders, the conditioning MLPs, the AdaLN modulation linears and the output head.
@@ -139,25 +140,13 @@ PAPER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def merged(*mappings: dict[str, Any]) -> dict[str, Any]:
-    """Nested mappings merged left to right; later values win, sections merge key by key."""
-    result: dict[str, Any] = {}
-    for mapping in mappings:
-        for key, value in mapping.items():
-            if isinstance(value, dict) and isinstance(result.get(key), dict) and key != "rewards":
-                result[key] = merged(result[key], value)
-            else:
-                result[key] = value
-    return result
-
-
 def real_preset(model: str, rewards: dict[str, float]) -> dict[str, Any]:
     """A run preset: a model preset trained against ``rewards`` with the paper's defaults."""
     names = " + ".join(rewards)
     return {
         "description": f"{MODEL_PRESETS[model]['description']}; Sol-RL against {names}",
         "model_preset": model,
-        "settings": merged(PAPER_DEFAULTS, MODEL_PRESETS[model]["settings"], {"rewards": rewards}),
+        "settings": merge_nested(PAPER_DEFAULTS, MODEL_PRESETS[model]["settings"], {"rewards": rewards}),
         "derived": MODEL_PRESETS[model].get("derived", {}),
     }
 
