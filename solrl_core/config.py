@@ -58,6 +58,8 @@ class ModelConfig:
     guidance: float = 1.0
     # Keep text encoders and the VAE on the CPU except while encoding new prompts or decoding.
     offload_encoders: bool = False
+    # Keep the (FP32) reward models on the CPU except while a stage scores with them.
+    offload_rewards: bool = False
 
 
 @dataclass

@@ -12,7 +12,8 @@ The explorer backend of the real presets is ``auto``: ``te-nvfp4`` on Blackwell 
 with the ``gpu`` extra installed), ``fp8`` on Hopper or Ada (H100/H200, sm_89+: real FP8 GEMMs),
 ``emulated-nvfp4`` anywhere else; the run logs its choice and records it in the summary and in
 MLflow. An explicit ``-S explore.backend=...`` that the machine cannot run stops before loading.
-Real presets keep text encoders and the VAE off the GPU between uses (``model.offload_encoders``).
+Real presets keep text encoders and the VAE off the GPU between uses (``model.offload_encoders``),
+and the reward models too (``model.offload_rewards``).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "pool": 96,
     "keep": 24,
     "prompts_per_iteration": 48,
-    "model": {"dtype": "auto", "offload_encoders": True},
+    "model": {"dtype": "auto", "offload_encoders": True, "offload_rewards": True},
     "explore": {"backend": "auto", "steps": 6, "chunk": 24},
     "regenerate": {"steps": 10, "chunk": 24},
     "prompts": {"train_file": str(PROMPTS_DIR / "train.txt"), "eval_file": str(PROMPTS_DIR / "eval.txt")},

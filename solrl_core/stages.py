@@ -114,7 +114,8 @@ def initial_state(config: Config) -> RunState:
     trainable = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2),
                                   weight_decay=config.train.weight_decay)
-    rewards = RewardSet(config.rewards, extra=config.eval.rewards, paths=config.reward_paths)
+    rewards = RewardSet(config.rewards, extra=config.eval.rewards, paths=config.reward_paths,
+                        offload=config.model.offload_rewards)
     return RunState(config=config, policy=policy, rewards=rewards, optimizer=optimizer,
                     train_prompts=training_prompts(config), eval_prompts=evaluation_prompts(config))
 
@@ -324,11 +325,13 @@ def _explorer_active(explorer: Explorer | None, policy: FlowPolicy):
 
 def _score(state: RunState, latents: torch.Tensor, prompts: list[str], names: list[str],
            chunk: int = 64) -> RewardScores:
-    """Decode and score in chunks: a whole pool of decoded 1024 px images would not fit in memory."""
+    """Decode and score in chunks: a whole pool of decoded 1024 px images would not fit in memory.
+    Offloaded reward models come to the device once for all the chunks, and leave after."""
     parts = []
-    for start in range(0, len(prompts), chunk):
-        images = state.policy.decode(latents[start:start + chunk].to(state.policy.device))
-        parts.append(state.rewards.score(images, prompts[start:start + chunk], names))
+    with state.rewards.on_device(names):
+        for start in range(0, len(prompts), chunk):
+            images = state.policy.decode(latents[start:start + chunk].to(state.policy.device))
+            parts.append(state.rewards.score(images, prompts[start:start + chunk], names))
     return RewardScores(per_reward={name: torch.cat([p.per_reward[name] for p in parts]) for name in names},
                         combined=torch.cat([p.combined for p in parts]))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from solrl_core.rewards._local import LocalFiles, check_tokenizer, reward_device, to_pil
+from solrl_core.rewards.residency import Residency
 
 # Hub folders hold preprocessor_config.json; transformers 5 saves processor_config.json.
 PROCESSOR_FILE = "preprocessor_config.json|processor_config.json"
@@ -24,12 +25,13 @@ BATCH = 32  # images per forward
 class ClipSimilarity:
     """score_i = logit_scale.exp() * cos(image_i, prompt_i) / divisor, through CLIP's own processor."""
 
-    def __init__(self, model_dir: Path, processor_dir: Path, divisor: float, label: str):
+    def __init__(self, model_dir: Path, processor_dir: Path, divisor: float, label: str, offload: bool = False):
         from transformers import CLIPModel, CLIPProcessor
 
-        self.device = reward_device()
         self.model = CLIPModel.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
-        self.model.to(self.device).eval().requires_grad_(False)
+        self.model.eval().requires_grad_(False)
+        self.residency = Residency(self.model, reward_device(), offload)
+        self.device = self.residency.device
         self.processor = CLIPProcessor.from_pretrained(str(processor_dir), local_files_only=True)
         check_tokenizer(label, self.processor.tokenizer, self.model.config.text_config.vocab_size, processor_dir)
         self.divisor = divisor
@@ -37,7 +39,8 @@ class ClipSimilarity:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        scores = [self._score(images[i:i + BATCH], prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
+        with self.residency.on_device():
+            scores = [self._score(images[i:i + BATCH], prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
         return torch.cat(scores)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
@@ -47,6 +50,6 @@ class ClipSimilarity:
         return logits.diagonal().float().cpu() / self.divisor
 
 
-def load_clipscore(path: str = "") -> ClipSimilarity:
+def load_clipscore(path: str = "", offload: bool = False) -> ClipSimilarity:
     folder = CLIPSCORE.resolve(path)
-    return ClipSimilarity(folder, folder, divisor=100.0, label="clipscore")
+    return ClipSimilarity(folder, folder, divisor=100.0, label="clipscore", offload=offload)

@@ -19,6 +19,7 @@ import torch
 
 from solrl_core.rewards._local import (LocalFiles, ModelFilesMissing, check_tokenizer, register_package,
                                       reward_device, timm_quietly, to_pil)
+from solrl_core.rewards.residency import Residency
 
 CHECKPOINT = "HPS_v2.1_compressed.pt"
 HPSV2 = LocalFiles(reward="hpsv2", env_var="SOLRL_HPSV2_PATH", hub_repo="xswu/HPSv2", required=(CHECKPOINT,))
@@ -52,26 +53,30 @@ def _architecture(open_clip, folder: Path) -> str:
 
 
 class HPSv2:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, offload: bool = False):
         open_clip = vendored_open_clip()
         architecture = _architecture(open_clip, folder)
-        self.device = reward_device()
-        # The arguments of HPS's img_score.initialize_model, minus the pretrained download and AMP.
+        # The arguments of HPS's img_score.initialize_model, minus the pretrained download and AMP;
+        # built on the CPU, where the checkpoint loads, and placed after.
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(
-            architecture, None, precision="fp32", device=self.device, jit=False, force_quick_gelu=False,
+            architecture, None, precision="fp32", device="cpu", jit=False, force_quick_gelu=False,
             force_custom_text=False, force_patch_dropout=False, force_image_size=None, pretrained_image=False,
             image_mean=None, image_std=None, light_augmentation=True, aug_cfg={}, output_dict=True,
             with_score_predictor=False, with_region_predictor=False)
         checkpoint = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
         self.model.load_state_dict(checkpoint["state_dict"])
         self.model.eval().requires_grad_(False)
+        self.residency = Residency(self.model, reward_device(), offload)
+        self.device = self.residency.device
         self.tokenizer = open_clip.get_tokenizer(architecture)
         check_tokenizer("hpsv2", open_clip.tokenizer._tokenizer.encoder, self.model.token_embedding.num_embeddings,
                         "hpsv2x's bpe_simple_vocab_16e6.txt.gz")
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)])
+        with self.residency.on_device():
+            return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH])
+                              for i in range(0, len(prompts), BATCH)])
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         pixels = torch.stack([self.preprocess(image) for image in to_pil(images)]).to(self.device)
@@ -80,5 +85,5 @@ class HPSv2:
         return (outputs["image_features"] * outputs["text_features"]).sum(-1).float().cpu()
 
 
-def load_hpsv2(path: str = "") -> HPSv2:
-    return HPSv2(HPSV2.resolve(path))
+def load_hpsv2(path: str = "", offload: bool = False) -> HPSv2:
+    return HPSv2(HPSV2.resolve(path), offload)

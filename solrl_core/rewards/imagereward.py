@@ -32,6 +32,7 @@ import torch
 
 from solrl_core.rewards._local import (LocalFiles, ModelFilesMissing, check_tokenizer, register_package,
                                       reward_device, timm_quietly, to_pil)
+from solrl_core.rewards.residency import Residency
 
 CHECKPOINT, MED_CONFIG = "ImageReward.pt", "med_config.json"
 IMAGEREWARD = LocalFiles(reward="imagereward", env_var="SOLRL_IMAGEREWARD_PATH", hub_repo="THUDM/ImageReward",
@@ -173,7 +174,7 @@ def _replaced(module, **attributes):
 
 
 class ImageRewardScorer:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, offload: bool = False):
         image_reward, blip_pretrain, vit = image_reward_modules()
         self.device = reward_device()
         state = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
@@ -191,11 +192,14 @@ class ImageRewardScorer:
             model.preprocess = image_reward._transform(architecture["img_size"])
         _load_state(model, state)
         check_tokenizer("imagereward", tokenizer, model.blip.text_encoder.config.vocab_size, tokenizer_dir)
-        self.model = model.to(self.device, torch.float32).eval().requires_grad_(False)
+        self.model = model.to(torch.float32).eval().requires_grad_(False)
+        self.residency = Residency(self.model, self.device, offload)  # inputs go to model.device
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)])
+        with self.residency.on_device():
+            return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH])
+                              for i in range(0, len(prompts), BATCH)])
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         text = self.model.blip.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_PROMPT_TOKENS,
@@ -214,5 +218,5 @@ def _load_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"{CHECKPOINT} does not match ImageReward: {len(missing)} weights missing, e.g. {missing[:3]}")
 
 
-def load_imagereward(path: str = "") -> ImageRewardScorer:
-    return ImageRewardScorer(IMAGEREWARD.resolve(path))
+def load_imagereward(path: str = "", offload: bool = False) -> ImageRewardScorer:
+    return ImageRewardScorer(IMAGEREWARD.resolve(path), offload)

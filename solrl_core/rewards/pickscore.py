@@ -19,8 +19,8 @@ PICKSCORE_PROCESSOR = LocalFiles(reward="pickscore", env_var="SOLRL_PICKSCORE_PR
 DIVISOR = 26.0
 
 
-def load_pickscore(path: str = "") -> ClipSimilarity:
+def load_pickscore(path: str = "", offload: bool = False) -> ClipSimilarity:
     model_dir = PICKSCORE.resolve(path)
     has_processor = all(has_file(model_dir, name) for name in PICKSCORE_PROCESSOR.required)
     processor_dir = model_dir if has_processor else PICKSCORE_PROCESSOR.resolve()
-    return ClipSimilarity(model_dir, processor_dir, divisor=DIVISOR, label="pickscore")
+    return ClipSimilarity(model_dir, processor_dir, divisor=DIVISOR, label="pickscore", offload=offload)

@@ -7,6 +7,8 @@ Factories are imported lazily so that a real reward model's heavy imports happen
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -29,32 +31,33 @@ def _shapes_aesthetic() -> Reward:
     return shapes_aesthetic
 
 
-def _imagereward(path: str = "") -> Reward:
+def _imagereward(path: str = "", offload: bool = False) -> Reward:
     from solrl_core.rewards.imagereward import load_imagereward
 
-    return load_imagereward(path)
+    return load_imagereward(path, offload)
 
 
-def _hpsv2(path: str = "") -> Reward:
+def _hpsv2(path: str = "", offload: bool = False) -> Reward:
     from solrl_core.rewards.hpsv2 import load_hpsv2
 
-    return load_hpsv2(path)
+    return load_hpsv2(path, offload)
 
 
-def _pickscore(path: str = "") -> Reward:
+def _pickscore(path: str = "", offload: bool = False) -> Reward:
     from solrl_core.rewards.pickscore import load_pickscore
 
-    return load_pickscore(path)
+    return load_pickscore(path, offload)
 
 
-def _clipscore(path: str = "") -> Reward:
+def _clipscore(path: str = "", offload: bool = False) -> Reward:
     from solrl_core.rewards.clipscore import load_clipscore
 
-    return load_clipscore(path)
+    return load_clipscore(path, offload)
 
 
-# name -> factory(path); the real reward models (SPEC section 7) read their files from ``path``
-# (config ``reward_paths``), else their env var, else the local Hugging Face cache.
+# name -> factory(path, offload); the real reward models (SPEC section 7) read their files from
+# ``path`` (config ``reward_paths``), else their env var, else the local Hugging Face cache; with
+# ``offload`` they wait on the CPU between uses (solrl_core.rewards.residency).
 REWARDS: dict[str, Callable[..., Reward]] = {
     "shapes-compliance": _shapes_compliance,
     "shapes-aesthetic": _shapes_aesthetic,
@@ -97,12 +100,23 @@ class RewardSet:
     """The rewards a run computes: the weighted training rewards plus any evaluation-only ones."""
 
     def __init__(self, weights: dict[str, float], extra: list[str] | tuple[str, ...] = (),
-                 paths: dict[str, str] | None = None):
+                 paths: dict[str, str] | None = None, offload: bool = False):
         self.weights = dict(weights)
         names = list(weights) + [name for name in extra if name not in weights]
         paths = paths or {}
-        self.models = {name: REWARDS[name]() if name in FILE_FREE else REWARDS[name](paths.get(name, ""))
+        self.models = {name: REWARDS[name]() if name in FILE_FREE else REWARDS[name](paths.get(name, ""), offload)
                        for name in names}
+
+    @contextmanager
+    def on_device(self, names: list[str]) -> Iterator[None]:
+        """Keep the named reward models on their device for a block of several score() calls (an
+        offloaded model otherwise makes the trip for each); the analytic rewards have no weights."""
+        with ExitStack() as stack:
+            for name in names:
+                residency = getattr(self.models[name], "residency", None)
+                if residency is not None:
+                    stack.enter_context(residency.on_device())
+            yield
 
     @property
     def names(self) -> list[str]:
