@@ -59,11 +59,13 @@ def test_reward_scores_one_finite_float32_per_image_and_depends_on_the_prompt(na
 
 
 def clip_reference(folder, images, prompts, divisor):
-    """logit_scale.exp() * cos(image, text) / divisor from the CLIP model's embeddings, by hand."""
+    """logit_scale.exp() * cos(image, text) / divisor from the CLIP model's embeddings, by hand,
+    with the official scorers' preprocessing: the PIL image processor (transformers 5 defaults to
+    a torchvision one, whose resize differs from Pillow's)."""
     from transformers import CLIPModel, CLIPProcessor
 
     model = CLIPModel.from_pretrained(str(folder), local_files_only=True).eval()
-    processor = CLIPProcessor.from_pretrained(str(folder), local_files_only=True)
+    processor = CLIPProcessor.from_pretrained(str(folder), local_files_only=True, backend="pil")
     inputs = processor(text=prompts, images=to_pil(images), padding=True, return_tensors="pt")
     with torch.no_grad():
         output = model(**inputs)
