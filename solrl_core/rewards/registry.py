@@ -14,6 +14,12 @@ from typing import Callable, Protocol
 
 import torch
 
+from solrl_core.rewards._local import LocalFiles
+from solrl_core.rewards.clipscore import CLIPSCORE
+from solrl_core.rewards.hpsv2 import HPSV2
+from solrl_core.rewards.imagereward import IMAGEREWARD
+from solrl_core.rewards.pickscore import PICKSCORE
+
 
 class Reward(Protocol):
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor: ...
@@ -68,20 +74,16 @@ REWARDS: dict[str, Callable[..., Reward]] = {
 }
 # The embedded world's rewards are analytic: they have no files.
 FILE_FREE = ("shapes-compliance", "shapes-aesthetic")
-# Where each real reward's main files are described (module, LocalFiles constant).
-_REWARD_FILES = {"imagereward": ("imagereward", "IMAGEREWARD"), "hpsv2": ("hpsv2", "HPSV2"),
-                 "pickscore": ("pickscore", "PICKSCORE"), "clipscore": ("clipscore", "CLIPSCORE")}
+# Each real reward's main files (their modules import only torch at the top: cheap to name here).
+REWARD_FILES: dict[str, LocalFiles] = {"imagereward": IMAGEREWARD, "hpsv2": HPSV2, "pickscore": PICKSCORE,
+                                       "clipscore": CLIPSCORE}
 
 
 def check_reward_files(names: list[str], paths: dict[str, str] | None = None) -> None:
     """Raise ModelFilesMissing now if a real reward's checkpoint folder is missing (nothing loaded)."""
-    import importlib
-
     for name in dict.fromkeys(names):
-        if name in _REWARD_FILES:
-            module, constant = _REWARD_FILES[name]
-            files = getattr(importlib.import_module(f"solrl_core.rewards.{module}"), constant)
-            files.resolve((paths or {}).get(name, ""))
+        if name in REWARD_FILES:
+            REWARD_FILES[name].resolve((paths or {}).get(name, ""))
 
 
 class RewardFailure(RuntimeError):
