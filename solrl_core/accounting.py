@@ -16,7 +16,7 @@ intermediate drafts are: each is decoded (the VAE decode counted on the real mod
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
@@ -169,6 +169,25 @@ class SampleFlops:
     trained_forward_backward: Flops  # the trained adapter, forward + backward
     requantize: Flops  # one requantize (LoRA merges), whole model
     decode: Flops = Flops()  # one latent to an image (the VAE decoder)
+
+    def to_record(self) -> dict[str, dict[str, int]]:
+        """As summary.json's ``flops_per_sample`` holds them: call -> {"low": ..., "high": ...}.
+        Every stage's FLOPs are these times the calls it makes (``stage_flops``), so a finished
+        run's costs, under any profile, follow from its summary without loading the model."""
+        return {call.name: {"low": getattr(self, call.name).low, "high": getattr(self, call.name).high}
+                for call in fields(self)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> SampleFlops:
+        """The counts :meth:`to_record` wrote; ValueError, saying what is wrong, for anything else."""
+        calls = [call.name for call in fields(cls)]
+        if not isinstance(record, dict) or sorted(record) != sorted(calls):
+            raise ValueError(f"expected the FLOPs of the calls {', '.join(calls)}")
+        for call, value in record.items():
+            if not (isinstance(value, dict) and sorted(value) == ["high", "low"]
+                    and all(type(part) is int and part >= 0 for part in value.values())):
+                raise ValueError(f"{call}: expected {{low: INT, high: INT}} (non-negative), got {value!r}")
+        return cls(**{call: Flops(low=value["low"], high=value["high"]) for call, value in record.items()})
 
 
 # Counted FLOPs per input shape and model layout, shared by every run in the process (counting

@@ -15,7 +15,7 @@ import torch
 
 from solrl_core import alarms, distributed, faults, stages
 from solrl_core.distributed import current as current_world
-from solrl_core.accounting import accountant_for
+from solrl_core.accounting import accountant_for, sample_flops
 from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
                                    restore, rewind_outputs, save_checkpoint)
 from solrl_core.config import Config, to_dict
@@ -245,6 +245,9 @@ def _summary(state, out_dir: Path, evaluations: list[dict], seconds: float, chec
         "resumed_from_iteration": checkpoint.next_iteration if checkpoint is not None else None,
         "device": str(state.policy.device), "dtype": str(state.policy.dtype).removeprefix("torch."),
         "explore_backend": state.explorer.backend,  # explore.backend=auto resolved for this device
+        # Counted on the loaded model at the first iteration (accounting.sample_flops caches them):
+        # a report rebuilt from this run costs it under any profile without loading the model again.
+        "flops_per_sample": sample_flops(state).to_record(),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
         # The sample grids too (when written), so the closing table says where the pictures are.
         "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT, *GRIDS)
