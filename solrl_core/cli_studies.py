@@ -11,6 +11,7 @@ import math
 import shlex
 from pathlib import Path
 
+from solrl_core.command_errors import RunFailed
 from solrl_core.config import MAX_COUNT, ConfigError, parse_override
 
 # The reports `--readme-only` builds the page from; with none of them there is nothing to show.
@@ -288,8 +289,6 @@ def _comparison_failed(failure: Exception) -> Exception:
     """A run of the comparison failed: one line (the full traceback with SOLRL_TRACEBACK=1) saying
     that the same command goes on from there, reusing finished runs and resuming the stopped one."""
     import os
-
-    from solrl_core.cli import RunFailed
 
     if os.environ.get("SOLRL_TRACEBACK"):
         import traceback

@@ -28,10 +28,12 @@ from pathlib import Path
 import torch
 
 from solrl_core import seed_stats
-from solrl_core.config import Config, set_key, to_dict, validate
+from solrl_core.config import Config, from_dict, set_key, to_dict
 from solrl_core.ledger import write_json
 from solrl_core.mappings import changed_settings
+from solrl_core.presets import validate
 from solrl_core.recost import check_also_profiles, recosted_hours
+from solrl_core.stages import modeled_iteration_hours
 from solrl_core.training import METRICS, SUMMARY, RunObserver, run_training
 
 BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
@@ -159,8 +161,6 @@ def size_to_budget(config: Config, budget_gpu_hours: float, evaluations: int, it
 def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluations: int,
                  estimate: dict | None = None) -> dict:
     """Size one variant to the budget; say whether ``run_dir`` already holds its finished run."""
-    from solrl_core.accounting import modeled_iteration_hours
-
     estimate = estimate or modeled_iteration_hours(config)
     sized = size_to_budget(config, budget_gpu_hours, evaluations, estimate["total"])
     summary_path = run_dir / SUMMARY
@@ -200,8 +200,6 @@ def plan_seeds(config: Config, variant_dir: Path, budget_gpu_hours: float, evalu
         return [plan_variant(config, variant_dir, budget_gpu_hours, evaluations)]
     if (variant_dir / SUMMARY).exists():
         raise FileExistsError(f"{variant_dir} holds a single-seed run; delete it or choose a new --out for --seeds")
-    from solrl_core.accounting import modeled_iteration_hours
-
     estimate = modeled_iteration_hours(config)  # the seed changes no FLOP: one estimate sizes every seed
     return [plan_variant(with_seed(config, seed), variant_dir / seed_dir_name(seed), budget_gpu_hours, evaluations,
                          estimate) for seed in seeds]
@@ -221,8 +219,6 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
     ``<name>/seed-<s>/summary.json`` (seeds in ascending order), with their estimates and images."""
     from safetensors.torch import load_file
 
-    from solrl_core.accounting import modeled_iteration_hours
-    from solrl_core.config import from_dict
 
     def run_dirs(variant_dir: Path) -> list[Path]:
         if (variant_dir / SUMMARY).is_file():
@@ -239,7 +235,7 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
         results[name], estimate = [], None
         for run_dir in dirs:
             summary = json.loads((run_dir / SUMMARY).read_text())
-            config = from_dict(summary["config"])
+            config = validate(from_dict(summary["config"]))
             estimate = estimate or modeled_iteration_hours(config)
             results[name].append({"config": config, "estimate": estimate, "run_dir": run_dir, "reused": True,
                                   "seed": config.seed, "summary": summary,

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from solrl_core import seed_stats
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.compare import bootstrap_speedup
 from solrl_core.config import parse_override
 from solrl_core.presets import resolve_config
@@ -187,7 +187,7 @@ TINY = ["-S", "prompts_per_iteration=1", "-S", "eval.prompts=2", "-S", "eval.ste
 
 def test_compare_with_two_seeds_reports_means_intervals_and_both_cost_profiles(tmp_path):
     from flows.compare import compare_finished_runs
-    from solrl_core.accounting import modeled_iteration_hours
+    from solrl_core.stages import modeled_iteration_hours
 
     sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in TINY[1::2]])
     budget = 1.01 * modeled_iteration_hours(sol)["total"]  # one sol_rl iteration per seed
@@ -247,7 +247,7 @@ def test_compare_with_two_seeds_reports_means_intervals_and_both_cost_profiles(t
 
 def test_a_stopped_comparison_resumes_its_run_from_the_last_checkpoint(tmp_path, capsys, monkeypatch):
     from solrl_core import faults
-    from solrl_core.accounting import modeled_iteration_hours
+    from solrl_core.stages import modeled_iteration_hours
 
     sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in TINY[1::2]])
     budget = 2.01 * modeled_iteration_hours(sol)["total"]  # two iterations
