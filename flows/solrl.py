@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from flows.deployment_advice import advice_for_this_run
-from solrl_core.checkpoint import resume_config
+from solrl_core.checkpoint import resumed_run
 from solrl_core.config import Config, ConfigError, parse_override
 from solrl_core.distributed import DEFAULT_TIMEOUT_S, under_torchrun
 from solrl_core.launch import Launch, checked
@@ -38,21 +38,6 @@ def output_directory(out: str | None, config: Config) -> Path:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"output directory {path} is not a new or empty directory; choose a new out")
     return path
-
-
-def resumed(resume: str, preset: str | None, family: str | None, iterations: int | None,
-            overrides: list[str] | None) -> tuple[Config, Path]:
-    """The checkpointed run in ``resume`` and its config; ``preset``/``family``, when given, must
-    be the run's own, and ``overrides`` may only change ``iterations`` (see solrl_core.checkpoint)."""
-    out_dir = Path(resume).expanduser().resolve()
-    pairs = [parse_override(text) for text in overrides or []]
-    if iterations is not None:
-        pairs.append(("iterations", iterations))
-    config = resume_config(out_dir, pairs)
-    for name, given in (("preset", preset), ("family", family)):
-        if given is not None and given != getattr(config, name):
-            raise ConfigError(f"--resume: the run in {out_dir} is {name} '{getattr(config, name)}', not '{given}'")
-    return config, out_dir
 
 
 @flow(name="solrl", persist_result=False, log_prints=False, validate_parameters=True)
@@ -92,7 +77,7 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
 
     try:
         if resume:
-            config, out_dir = resumed(resume, preset, family, iterations, overrides)
+            config, out_dir = resumed_run(resume, preset, family, iterations, overrides)
             return trainer(config, out_dir, tracking, tracking_uri, resume=True)
         config = resolve(preset or "shapes-tiny", family or "sol_rl", iterations, overrides)
         return trainer(config, output_directory(out, config), tracking, tracking_uri)
@@ -127,7 +112,8 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
     from pydantic_core import to_jsonable_python
 
     from solrl_core import launch as launching
-    from solrl_core.distributed import require_resumable_world, require_shardable
+    from solrl_core.checkpoint import require_resumable_world
+    from solrl_core.distributed import require_shardable
     from solrl_core.ledger import SUMMARY_FILE
 
     require_shardable(config, launch.world_size)

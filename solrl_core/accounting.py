@@ -15,11 +15,15 @@ intermediate drafts are: each is decoded (the VAE decode counted on the real mod
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, fields
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from solrl_core.adaptive import schedule_counts
+from solrl_core.config import rollout_steps, train_steps
+from solrl_core.quant.backends import precision_on_profile
+from solrl_core.quant.explorer import effective_linear_weights
 
 # Dense peaks, TFLOP/s (SPEC §9). None: the precision has no tensor cores on that device.
 DEVICE_PROFILES: dict[str, dict[str, float | None]] = {
@@ -74,8 +78,6 @@ def backend_precision(backend: str, device: str = "B200") -> str:
     """The precision the explorer's quantized layers run at on the modeled device (the backend's
     record in solrl_core.quant.backends; ``auto`` as it resolves on that device). An unknown
     backend is an error, never a silent BF16."""
-    from solrl_core.quant.backends import precision_on_profile
-
     return precision_on_profile(backend, PROFILE_CAPABILITY.get(device, (10, 0)))
 
 
@@ -211,8 +213,9 @@ def sample_flops(state) -> SampleFlops:
 def count_sample_flops(state) -> SampleFlops:
     """Count one sample's calls on the run's real policy and explorer. No randomness is drawn and no
     weight changes, so counting never alters a run; gradients it makes are cleared."""
+    # Deferred for start-up time: peft imports transformers (seconds), and config resolution
+    # imports this module for its device profiles alone.
     from solrl_core.models.adapters import OLD, TRAINED, active_adapter
-    from solrl_core.quant.explorer import effective_linear_weights
 
     policy, explorer = state.policy, state.explorer
     transformer = policy.transformer
@@ -327,11 +330,16 @@ def device_model(config) -> DeviceModel:
 
 @dataclass
 class Accountant:
-    """Accumulates a run's GPU-hours over its iterations."""
+    """Accumulates a run's GPU-hours over its iterations; the run state carries one
+    (``RunState.accountant``), and the checkpoint saves and restores its totals."""
 
     model: DeviceModel
     modeled_cumulative: float = 0.0
     measured_cumulative: float | None = None
+
+    @classmethod
+    def for_config(cls, config) -> Accountant:
+        return cls(device_model(config))
 
     def iteration(self, state, explored: int, explore_steps: int, kept: int, train_steps: int, evaluated: bool,
                   seconds: dict[str, float], explore_rows: int | None = None, scored_drafts: int = 0) -> dict:
@@ -363,41 +371,18 @@ def measured_gpu_hours(device: torch.device, seconds: float) -> float | None:
     return seconds * world / 3600.0
 
 
-# One accountant per live run state. Keyed by id (the state dataclass is unhashable) and dropped
-# with the state, so the training loop needs no extra argument to carry it.
-_ACCOUNTANTS: dict[int, Accountant] = {}
-
-
-def accountant_for(state) -> Accountant:
-    key = id(state)
-    if key not in _ACCOUNTANTS:
-        _ACCOUNTANTS[key] = Accountant(device_model(state.config))
-        weakref.finalize(state, _ACCOUNTANTS.pop, key, None)
-    return _ACCOUNTANTS[key]
-
-
-def modeled_iteration_hours(config, state=None) -> dict:
-    """Modeled GPU-hours of one training iteration of ``config`` (no evaluation), before running it.
-
-    Loads the policy and builds the explorer when no ``state`` is given (seconds on the embedded
-    world). Used to size a run to a GPU-hour budget.
+def iteration_hours(config, counts: SampleFlops) -> dict:
+    """Modeled GPU-hours of one training iteration of ``config`` (no evaluation) from its
+    per-sample FLOPs, before running it (solrl_core.stages.modeled_iteration_hours counts them
+    on the loaded model). Used to size a run to a GPU-hour budget.
     """
-    from solrl_core import stages
-    from solrl_core.presets import rollout_steps
-
-    if state is None:
-        state = stages.initial_state(config)
-        stages.quantize(state)
-    counts = sample_flops(state)
     explored = config.prompts_per_iteration * config.pool
     kept = config.prompts_per_iteration * config.keep
     # The trained-on samples are always on the T_train grid: regenerated, or the rollout itself.
-    from solrl_core.adaptive import schedule_counts
-
     adaptive = schedule_counts(config)  # per group: explorer sample-steps and drafts scored
     rows, scored = ((config.prompts_per_iteration * adaptive[0], config.prompts_per_iteration * adaptive[1])
                     if adaptive else (None, 0))
-    flops = stage_flops(config, counts, explored, rollout_steps(config), kept, config.regenerate.steps, evaluated=True,
+    flops = stage_flops(config, counts, explored, rollout_steps(config), kept, train_steps(config), evaluated=True,
                         explore_rows=rows, scored_drafts=scored)
     hours = stage_hours(device_model(config), flops)
     return {"stages": {stage: hours[stage] for stage in TRAINING_STAGES},

@@ -62,7 +62,7 @@ def restore_drift(state, history: list[dict]) -> None:
 def switch_explorer(state) -> None:
     """The more faithful explorer from now on: the alarm's step count (stages.explore_steps reads
     it) and/or its backend, built and quantized from the sampling policy, charged at its precision."""
-    from solrl_core.accounting import accountant_for, backend_precision
+    from solrl_core.accounting import backend_precision
     from solrl_core.models.adapters import OLD
     from solrl_core.quant.explorer import build_explorer
 
@@ -73,7 +73,7 @@ def switch_explorer(state) -> None:
         state.explorer = build_explorer(state.policy.transformer, backend, config.quant.skip, config.quant.min_dim,
                                         config.quant.fused)
         state.explorer.requantize(state.policy.transformer, adapter=OLD)
-        accountant = accountant_for(state)
+        accountant = state.accountant
         accountant.model = dataclasses.replace(accountant.model,
                                                explore_precision=backend_precision(backend, config.accounting.device))
 

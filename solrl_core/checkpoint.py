@@ -31,9 +31,11 @@ import polars as pl
 import torch
 
 from solrl_core import faults
-from solrl_core.config import Config, ConfigError, from_dict, set_key, to_dict, validate
+from solrl_core.config import Config, ConfigError, from_dict, parse_override, set_key, to_dict
+from solrl_core.distributed import current as current_world, require_same_world
 from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines
 from solrl_core.mappings import changed_settings
+from solrl_core.presets import validate
 
 CHECKPOINT = "checkpoint.safetensors"
 FORMAT = 1
@@ -76,7 +78,6 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
     """Write the checkpoint after ``next_iteration - 1`` (0: after the base evaluation)."""
     from safetensors.torch import save_file
 
-    from solrl_core.accounting import accountant_for
     from solrl_core.models.adapters import adapter_state
 
     tensors = {f"{_ADAPTERS}{k}": v for k, v in adapter_state(state.policy.transformer).items()}
@@ -84,13 +85,13 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
     tensors.update(optimizer_tensors)
     tensors.update(_rng_tensors())
     require_finite(tensors)
-    accountant = accountant_for(state)
+    accountant = state.accountant
     metadata = {
         "format": FORMAT, "next_iteration": next_iteration, "optimizer_steps": state.optimizer_steps,
         "config": to_dict(state.config), "base_eval": base_eval, "param_groups": param_groups,
         "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
                       "measured_cumulative": accountant.measured_cumulative},
-        "world_size": _world_size(),  # resume needs as many ranks (solrl_core.distributed)
+        "world_size": current_world().size,  # resume needs as many ranks (require_resumable_world)
         **_covered_outputs(out_dir),
     }
     path = out_dir / CHECKPOINT
@@ -101,12 +102,6 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
 
     atomic_write(path, write)
     return path
-
-
-def _world_size() -> int:
-    from solrl_core.distributed import current
-
-    return current().size
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
@@ -214,6 +209,11 @@ def _no_checkpoint(out_dir: Path) -> str:
             f"--out, or delete what it holds ({shown}) and reuse --out {out_dir}")
 
 
+def require_resumable_world(out_dir: Path, world_size: int) -> None:
+    """A run resumes on as many ranks as it ran on (checkpoints before scale-out: one)."""
+    require_same_world(int(read_metadata(out_dir).get("world_size", 1)), world_size, out_dir)
+
+
 def load_checkpoint(out_dir: Path) -> Checkpoint:
     from safetensors.torch import load_file
 
@@ -228,7 +228,7 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
     """The checkpointed run's config with the user's overrides, which may only extend or shorten
     the run (``iterations``) or toggle progress bars: anything else would not be a continuation."""
     metadata = read_metadata(out_dir)
-    saved = from_dict(metadata["config"])
+    saved = validate(from_dict(metadata["config"]))
     config = copy.deepcopy(saved)
     for key, value in overrides:
         set_key(config, key, value)
@@ -242,9 +242,23 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
     return validate(config)
 
 
+def resumed_run(resume: str, preset: str | None, family: str | None, iterations: int | None,
+                overrides: list[str] | None) -> tuple[Config, Path]:
+    """The checkpointed run in ``resume`` and its config; ``preset``/``family``, when given, must
+    be the run's own, and ``overrides`` (``key=value`` texts) may only change ``iterations``."""
+    out_dir = Path(resume).expanduser().resolve()
+    pairs = [parse_override(text) for text in overrides or []]
+    if iterations is not None:
+        pairs.append(("iterations", iterations))
+    config = resume_config(out_dir, pairs)
+    for name, given in (("preset", preset), ("family", family)):
+        if given is not None and given != getattr(config, name):
+            raise ConfigError(f"--resume: the run in {out_dir} is {name} '{getattr(config, name)}', not '{given}'")
+    return config, out_dir
+
+
 def restore(state, checkpoint: Checkpoint) -> None:
     """Put the checkpointed adapters, optimizer state, counters and RNG states into a fresh run state."""
-    from solrl_core.accounting import accountant_for
     from solrl_core.models.adapters import load_adapter_state
 
     tensors = checkpoint.tensors
@@ -261,7 +275,7 @@ def restore(state, checkpoint: Checkpoint) -> None:
     cuda_states = sorted(k for k in tensors if k.startswith(f"{_RNG}cuda/"))
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([tensors[k] for k in cuda_states])
-    accountant = accountant_for(state)
+    accountant = state.accountant
     accountant.modeled_cumulative = checkpoint.gpu_hours["modeled_cumulative"]
     accountant.measured_cumulative = checkpoint.gpu_hours["measured_cumulative"]
 

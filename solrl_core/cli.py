@@ -4,23 +4,38 @@ User errors (bad config, unknown names, missing model files, an unwritable outpu
 checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, before anything is
 written. A run that fails after it started (a stage failing past its retries, a full disk, a
 non-finite weight) ends with exit code 1 and one line saying where its last good checkpoint is.
+
+`solrl run` trains through the Prefect flow, which this library does not import: the console
+script (flows/cli.py) passes the flow's entry points in as :class:`FlowRunners`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from solrl_core.checkpoint import CheckpointError
+from solrl_core import distributed
+from solrl_core import launch as launching
+from solrl_core.checkpoint import CheckpointError, read_metadata, require_resumable_world, resumed_run
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path
+from solrl_core.command_errors import RUN_FAILED, USER_ERROR, RunFailed, UserError
 from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
+from solrl_core.launch import PREFECT_CONTEXT_VARIABLE, from_arguments
+from solrl_core.launch import add_arguments as add_scale_out_arguments
+from solrl_core.models.loading import ModelFilesMissing  # model and reward-model files alike
+from solrl_core.models.registry import check_model_files, resolve_device
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
+from solrl_core.quant.backends import BackendUnavailable, check_runs_here
+from solrl_core.report import print_summary
+from solrl_core.rewards.registry import check_reward_files
 
-USER_ERROR = 2
-RUN_FAILED = 1
+__all__ = ["FlowRunners", "RUN_FAILED", "USER_ERROR", "RunFailed", "UserError", "main"]
 # Set before Prefect or MLflow is imported: no telemetry (nothing outside this machine is
 # reachable), no hub downloads, and time for Prefect's ephemeral server to start on a busy machine.
 QUIET_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -28,8 +43,16 @@ QUIET_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "PREFECT_SER
                      "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
 
 
-class UserError(Exception):
-    pass
+@dataclass(frozen=True)
+class FlowRunners:
+    """The orchestration side of `solrl run`, passed in by flows/cli.py (the console script):
+    ``run_locally(**parameters) -> summary`` runs the Prefect flow in this process (Prefect's
+    ephemeral server unless PREFECT_API_URL is set); ``train_in_flow_context(context_file, config,
+    out_dir, tracking=, tracking_uri=, resume=)`` runs rank 0 of a torchrun job started by a
+    deployment's flow run, reporting into that flow run."""
+
+    run_locally: Callable[..., dict]
+    train_in_flow_context: Callable[..., None]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -53,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-tracking", action="store_true", help="do not log the run to MLflow")
     run.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
-    from solrl_core.launch import add_arguments as add_scale_out_arguments
-
     add_scale_out_arguments(run)
 
     config = commands.add_parser("config", help="print the resolved configuration as YAML")
@@ -89,18 +110,13 @@ def resolve_from_args(args: argparse.Namespace):
 
 def check_explorer_backend(config) -> None:
     """An explorer backend this machine cannot run (te-nvfp4 off Blackwell) is one line, exit 2."""
-    from solrl_core.quant.backends import BackendUnavailable, check_runs_here
-
     try:
         check_runs_here(config.explore.backend, config.model.device)
     except BackendUnavailable as error:
         raise UserError(str(error)) from None
 
 
-def command_run(args: argparse.Namespace) -> int:
-    from solrl_core import distributed
-    from solrl_core.launch import from_arguments
-
+def command_run(args: argparse.Namespace, runners: FlowRunners | None = None) -> int:
     launch = from_arguments(args)
     world = distributed.world_from_environment()
     if distributed.under_torchrun() and launch.needs_torchrun:
@@ -111,11 +127,9 @@ def command_run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.out:
             raise UserError("--resume DIR continues the run in DIR; leave out --out")
-        from flows.solrl import resumed
-
         output_path(args.resume, "--resume", directory=True)  # a path that names no place: one line
-        config, out_dir = resumed(args.resume, args.preset, args.family, args.iterations, args.overrides)
-        distributed.require_resumable_world(out_dir, world_size)
+        config, out_dir = resumed_run(args.resume, args.preset, args.family, args.iterations, args.overrides)
+        require_resumable_world(out_dir, world_size)
     else:
         if not args.out:
             raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
@@ -125,28 +139,28 @@ def command_run(args: argparse.Namespace) -> int:
     if launch.needs_torchrun:
         return _start_torchrun(args, launch, config, out_dir, writer)
     if distributed.under_torchrun():
-        return _run_as_rank(args, world, config, out_dir)
-    return _run_one_process(args, config, out_dir)
+        return _run_as_rank(args, world, config, out_dir, runners)
+    return _run_one_process(args, config, out_dir, runners)
 
 
-def _run_one_process(args: argparse.Namespace, config, out_dir: Path) -> int:
+def _flow_runners(runners: FlowRunners | None) -> FlowRunners:
+    if runners is None:
+        raise UserError("solrl run trains through the Prefect flow, which solrl_core.cli cannot start on its own: "
+                        "use the `solrl` command (or python -m flows.cli run ...)")
+    return runners
+
+
+def _run_one_process(args: argparse.Namespace, config, out_dir: Path, runners: FlowRunners | None) -> int:
     """The Prefect flow in this process (also rank 0 of a torchrun job started from the CLI)."""
-    # Model and reward-model files alike: one line, exit code 2, nothing written.
-    from solrl_core.models.loading import ModelFilesMissing
-    from solrl_core.report import print_summary
-    # The Prefect flow (every stage a task; Prefect's ephemeral server unless PREFECT_API_URL is
-    # set), started only once the config and the output directory are known to be good.
-    from flows.solrl import run_locally
-
-    from solrl_core.models.registry import check_model_files
-    from solrl_core.rewards.registry import check_reward_files
-
     try:
         # Cheap file checks first, so missing weights stop the run before Prefect starts.
         check_model_files(config.model)
         check_explorer_backend(config)
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
         writable_or_raise(out_dir)
+        # The Prefect flow (every stage a task), started only once the config and the output
+        # directory are known to be good.
+        run_locally = _flow_runners(runners).run_locally
         parameters = dict(iterations=args.iterations, overrides=list(args.overrides), tracking=not args.no_tracking,
                           tracking_uri=args.tracking_uri)
         if args.resume:
@@ -172,11 +186,6 @@ def _run_one_process(args: argparse.Namespace, config, out_dir: Path) -> int:
 def _start_torchrun(args, launch, config, out_dir: Path, writer: bool) -> int:
     """`solrl run --nproc-per-node N`: the checks of a one-process run, then torchrun; a failed run
     ends in one line naming the last good checkpoint (SOLRL_TRACEBACK=1: torchrun's whole report)."""
-    from solrl_core import launch as launching
-    from solrl_core.models.loading import ModelFilesMissing
-    from solrl_core.models.registry import check_model_files
-    from solrl_core.rewards.registry import check_reward_files
-
     try:
         check_model_files(config.model)
         check_explorer_backend(config)
@@ -207,17 +216,15 @@ class RankStopped(RuntimeError):
     """A rank of a torchrun job ended the run (it died, hung past --rank-timeout, or failed)."""
 
 
-def _run_as_rank(args, world, config, out_dir: Path) -> int:
+def _run_as_rank(args, world, config, out_dir: Path, runners: FlowRunners | None) -> int:
     """One rank under torchrun: rank 0 runs the Prefect flow (its stages are the task runs, MLflow
     its tracking), the other ranks the same loop unreported; all join the process group."""
-    from solrl_core import distributed
-    from solrl_core.models.registry import resolve_device
-
     timeout = distributed.timeout_from_environment() if args.rank_timeout is None else args.rank_timeout
     try:
         with distributed.process_group(world, resolve_device(config.model.device).type, timeout):
             if world.is_main:
-                return _run_main_rank(args, config, out_dir)
+                return _run_main_rank(args, config, out_dir, runners)
+            # Deferred for start-up time: the training loop imports peft and transformers (seconds).
             from solrl_core.training import run_training
 
             run_training(config, out_dir, log=lambda line: None, resume=bool(args.resume))
@@ -234,21 +241,13 @@ def _run_as_rank(args, world, config, out_dir: Path) -> int:
         raise RunFailed(f"rank {world.rank}: {type(failure).__name__}: {failure}".splitlines()[0]) from None
 
 
-def _run_main_rank(args, config, out_dir: Path) -> int:
-    from solrl_core.launch import PREFECT_CONTEXT_VARIABLE
-
+def _run_main_rank(args, config, out_dir: Path, runners: FlowRunners | None) -> int:
     context = os.environ.get(PREFECT_CONTEXT_VARIABLE)
     if context:  # started by a deployment's flow run: report into that flow run
-        from flows.solrl import train_in_flow_context
-
-        train_in_flow_context(Path(context), config, out_dir, tracking=not args.no_tracking,
+        _flow_runners(runners).train_in_flow_context(Path(context), config, out_dir, tracking=not args.no_tracking,
                               tracking_uri=args.tracking_uri, resume=bool(args.resume))
         return 0
-    return _run_one_process(args, config, out_dir)
-
-
-class RunFailed(Exception):
-    """A run that started and then failed (exit code 1): the message says where it can resume."""
+    return _run_one_process(args, config, out_dir, runners)
 
 
 def new_output_directory(text: str) -> Path:
@@ -279,8 +278,6 @@ def writable_or_raise(out_dir: Path) -> None:
 
 
 def _failure_line(failure: BaseException, out_dir: Path) -> str:
-    from solrl_core.checkpoint import CheckpointError, read_metadata
-
     what = f"{type(failure).__name__}: {failure}".splitlines()[0]
     if isinstance(failure, OSError) and failure.filename:
         what = f"could not write {failure.filename}: {failure.strerror}"
@@ -330,13 +327,15 @@ def _is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> int:
+    """The `solrl` command; ``runners`` (flows/cli.py's) let `run` start the Prefect flow."""
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     try:
         args = build_parser().parse_args(argv)
         one_value_each(args)
-        return COMMANDS[args.command](args)
+        commands = {**COMMANDS, "run": functools.partial(command_run, runners=runners)}
+        return commands[args.command](args)
     except (UserError, ConfigError, CheckpointError) as error:
         if _is_main_rank():  # every rank finds the same user error: one line, not one per rank
             print(f"solrl: error: {one_line(str(error))}", file=sys.stderr)

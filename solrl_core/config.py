@@ -1,8 +1,10 @@
 """One typed configuration: defaults, then a preset, then a family, then the user's overrides.
 
-Every key a user can set with ``-S key=value`` is a dotted path into :class:`Config`.
-Validation happens once, here, and raises :class:`ConfigError` with one line that says what is
-wrong and what is allowed; the CLI turns that into exit code 2.
+Every key a user can set with ``-S key=value`` is a dotted path into :class:`Config`. This module
+is the bottom layer: the schema, parsing and type coercion, and :class:`ConfigError` (one line
+that says what is wrong and what is allowed; the CLI turns it into exit code 2). It imports no
+other solrl_core module. Names and cross-field rules are checked once, in the resolve step above
+the registries (solrl_core.presets.resolve_config / validate, rules in solrl_core.validation).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 import yaml
 
-FAMILIES = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "sol_rl_adaptive")
-SAMPLERS = ("euler", "dpm2")
+# The names of families, samplers, models, rewards and explorer backends are their registries'
+# (solrl_core.families, sampling, models.registry, rewards.registry, quant.backends): this module
+# is the bottom layer and imports none of them; solrl_core.validation checks names against them.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # model.device: "auto" or a torch device of one of these types ("cpu", "cuda", "cuda:1", ...);
 # "meta", "lazy" and the like parse but hold no data to sample with.
@@ -132,6 +135,9 @@ class AlarmsConfig:
 class RegenerateConfig:
     # False: train on the exploration samples themselves (diffusionnft, naive_* families).
     enabled: bool = True
+    # T_train, the sampler steps of every trained-on sample, whether or not it is regenerated:
+    # the regenerated kept seeds, or (regenerate.enabled=false) the rollout itself. The key keeps
+    # its name (params.yaml and users set it); code reads it through train_steps(config).
     steps: int = 10
     chunk: int = 24
 
@@ -226,6 +232,17 @@ class Config:
     progress: bool = True
 
 
+def train_steps(config: Config) -> int:
+    """T_train: sampler steps of the samples the update trains on (``regenerate.steps``)."""
+    return config.regenerate.steps
+
+
+def rollout_steps(config: Config) -> int:
+    """Sampler steps of the exploration rollout: the explorer's drafts (``explore.steps``), or,
+    for a family that trains on its rollout, T_train."""
+    return config.explore.steps if config.regenerate.enabled else train_steps(config)
+
+
 # ---------------------------------------------------------------------------------------------
 # Dotted-key access
 
@@ -256,7 +273,7 @@ def _type_hints(cls: type) -> dict[str, Any]:
 def _coerce(key: str, raw: Any, expected: Any) -> Any:
     """Convert a parsed YAML value to the field's declared type, or raise a one-line error."""
     origin = typing.get_origin(expected)
-    bad = ConfigError(f"{key}: expected {_type_name(expected)}, got {_shown(raw)}")
+    bad = ConfigError(f"{key}: expected {_type_name(expected)}, got {shown(raw)}")
     if expected is bool:
         if isinstance(raw, bool):
             return raw
@@ -277,12 +294,12 @@ def _coerce(key: str, raw: Any, expected: Any) -> Any:
         try:
             return float(raw)
         except OverflowError:  # an integer beyond any float (1e309 written out in digits)
-            raise ConfigError(f"{key}: {_shown(raw)} is too large; give a finite number") from None
+            raise ConfigError(f"{key}: {shown(raw)} is too large; give a finite number") from None
     if expected is str:
         if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
             return str(raw)
         if not isinstance(raw, (list, dict, set, bytes)):  # true, null, a date: YAML read another type
-            raise ConfigError(f"{key}: expected a string, got {_shown(raw)}; quote it in YAML to keep it text")
+            raise ConfigError(f"{key}: expected a string, got {shown(raw)}; quote it in YAML to keep it text")
         raise bad
     if origin is list:
         (item_type,) = typing.get_args(expected)
@@ -299,7 +316,7 @@ def _coerce(key: str, raw: Any, expected: Any) -> Any:
     raise bad  # pragma: no cover - every declared type is handled above
 
 
-def _shown(value: Any, limit: int = 80) -> str:
+def shown(value: Any, limit: int = 80) -> str:
     """A value as a message quotes it: a repr bounded in depth and length (a YAML value built from
     aliases can nest a billion references, whose full repr would never finish)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
@@ -380,7 +397,7 @@ def get_key(config: Config, key: str) -> Any:
 def _unknown_key(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, config_keys(), n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; run `solrl config --keys` to list them"
-    return ConfigError(f"unknown config key {_shown(key)}{hint}")
+    return ConfigError(f"unknown config key {shown(key)}{hint}")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -392,21 +409,21 @@ def parse_override(text: str) -> tuple[str, Any]:
     unchanged. Quoted (``'...'`` or ``"..."``), it is read as a YAML string.
     """
     if "=" not in text:
-        raise ConfigError(f"override {_shown(text)} is not key=value (e.g. -S pool=48)")
+        raise ConfigError(f"override {shown(text)} is not key=value (e.g. -S pool=48)")
     key, _, value_text = text.partition("=")
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {_shown(text)} has an empty key (e.g. -S pool=48)")
+        raise ConfigError(f"override {shown(text)} has an empty key (e.g. -S pool=48)")
     if declared_type(key) is str and not value_text.strip().startswith(("'", '"')):
         return key, value_text.strip()
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else ""
     except yaml.YAMLError:
-        raise ConfigError(f"override {_shown(text)}: the value is not valid YAML") from None
+        raise ConfigError(f"override {shown(text)}: the value is not valid YAML") from None
     except ValueError:  # an integer of more than 4300 digits
-        raise ConfigError(f"override {_shown(text)}: the value is too long a number") from None
+        raise ConfigError(f"override {shown(text)}: the value is too long a number") from None
     except RecursionError:  # [[[[... nested thousands deep
-        raise ConfigError(f"override {_shown(text)}: the value is nested too deep") from None
+        raise ConfigError(f"override {shown(text)}: the value is nested too deep") from None
     return key, value
 
 
@@ -425,127 +442,8 @@ def to_yaml(config: Config) -> str:
 
 
 def from_dict(mapping: dict[str, Any]) -> Config:
+    """A config from its dict form (params.yaml, summary.json, a checkpoint), keys and types
+    checked; names and cross-field rules are the resolve step's (solrl_core.presets.validate)."""
     config = Config()
     apply_mapping(config, mapping)
-    return validate(config)
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation
-
-
-def validate(config: Config) -> Config:
-    """Check every cross-field rule; return the config unchanged when it is runnable."""
-    from solrl_core.accounting import profile_problem
-    from solrl_core.models.registry import LOADERS
-    from solrl_core.presets import PRESETS
-    from solrl_core.quant.explorer import BACKENDS
-    from solrl_core.rewards.registry import REWARDS
-
-    _require(config.preset in PRESETS, f"unknown preset '{config.preset}'; allowed: {', '.join(PRESETS)}")
-    _require(config.family in FAMILIES, f"unknown family '{config.family}'; allowed: {', '.join(FAMILIES)}")
-    _require(config.explore.backend in BACKENDS,
-             f"unknown explore.backend '{config.explore.backend}'; allowed: {', '.join(BACKENDS)}")
-    _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
-    _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
-    _require(config.model.loader in LOADERS,
-             f"unknown model.loader '{config.model.loader}'; allowed: {', '.join(LOADERS)}")
-    _require(_is_device(config.model.device),
-             f"model.device '{config.model.device}' is not a torch device; use auto, cpu, cuda or cuda:N")
-    _require(bool(config.rewards), "rewards is empty; give at least one reward with a weight, e.g. -S 'rewards={shapes-compliance: 1.0}'")
-    for name in list(config.rewards) + list(config.eval.rewards):
-        _require(name in REWARDS, f"unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
-    for name in config.reward_paths:
-        _require(name in REWARDS, f"reward_paths: unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
-    _require(bool(config.train.lora.targets) and all(t.strip() for t in config.train.lora.targets),
-             "train.lora.targets is empty; name the modules to adapt, e.g. -S 'train.lora.targets=[to_q, to_v]'")
-    _check_ranges(config)
-    _require(config.keep <= config.pool, f"keep ({config.keep}) must be <= pool ({config.pool})")
-    _require(config.keep % 2 == 0, f"keep ({config.keep}) must be even: half best and half worst seeds are kept")
-    _require(config.keep >= 2, f"keep ({config.keep}) must be at least 2 (one best, one worst seed)")
-    _require(config.train.lr > 0, f"train.lr ({config.train.lr}) must be > 0")
-    _require(0 < config.train.timestep_fraction <= 1,
-             f"train.timestep_fraction ({config.train.timestep_fraction}) must be in (0, 1]")
-    _require(config.train.nft_beta > 0, f"train.nft_beta ({config.train.nft_beta}) must be > 0")
-    _require(config.train.adv_clip > 0, f"train.adv_clip ({config.train.adv_clip}) must be > 0")
-    _require(config.train.kl_weight >= 0, f"train.kl_weight ({config.train.kl_weight}) must be >= 0")
-    _require(config.train.grad_clip > 0, f"train.grad_clip ({config.train.grad_clip}) must be > 0")
-    _require(0 <= config.train.weight_decay, f"train.weight_decay ({config.train.weight_decay}) must be >= 0")
-    _require(0 <= config.train.beta1 < 1 and 0 <= config.train.beta2 < 1, "train.beta1 and train.beta2 must be in [0, 1)")
-    _require(0 <= config.train.ema_max_decay < 1, "train.ema_max_decay must be in [0, 1)")
-    _require(0 <= config.train.eta_max < 1 and config.train.eta_rate >= 0, "train.eta_max must be in [0, 1) and train.eta_rate >= 0")
-    _require(config.sampler.shift > 0, f"sampler.shift ({config.sampler.shift}) must be > 0")
-    _require(config.quant.min_dim >= 0, f"quant.min_dim ({config.quant.min_dim}) must be >= 0")
-    _require(0 < config.accounting.utilization <= 1,
-             f"accounting.utilization ({config.accounting.utilization}) must be in (0, 1]")
-    accounting_problem = profile_problem(config.accounting.device, config.explore.backend)
-    _require(accounting_problem is None, accounting_problem or "")
-    _check_alarms(config)
-    if config.explore.adaptive.enabled:
-        from solrl_core.adaptive import schedule_problem
-
-        problem = schedule_problem(config.explore.adaptive.score_at, config.explore.adaptive.survivors,
-                                   config.pool, config.keep, config.explore.steps)
-        _require(problem is None, f"explore.adaptive: {problem}")
-        _require(config.regenerate.enabled, "explore.adaptive needs regenerate.enabled=true: the pruned drafts "
-                                            "are unfinished and cannot be trained on")
-    for name, weight in config.rewards.items():
-        _require(math.isfinite(weight), f"rewards.{name}: weight ({weight}) must be a finite number")
     return config
-
-
-def _check_alarms(config: Config) -> None:
-    from solrl_core.accounting import profile_problem
-    from solrl_core.quant.explorer import BACKENDS
-
-    drift = config.alarms.drift
-    _require(-1 <= drift.threshold <= 1, f"alarms.drift.threshold ({drift.threshold}) must be a Spearman in [-1, 1]")
-    _require(drift.switch_steps >= 0, f"alarms.drift.switch_steps ({drift.switch_steps}) must be >= 0 (0: unchanged)")
-    if drift.switch_backend:
-        _require(drift.switch_backend in BACKENDS and drift.switch_backend != "auto",
-                 f"unknown alarms.drift.switch_backend '{drift.switch_backend}'; allowed: "
-                 f"{', '.join(b for b in BACKENDS if b != 'auto')}, or empty")
-        problem = profile_problem(config.accounting.device, drift.switch_backend)
-        _require(problem is None, f"alarms.drift.switch_backend: {problem}")
-    _require(config.alarms.hacking.margin >= 0, f"alarms.hacking.margin ({config.alarms.hacking.margin}) must be >= 0")
-
-
-def _is_device(name: str) -> bool:
-    import torch
-
-    if name == "auto":
-        return True
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        return False
-    return device.type in DEVICE_TYPES
-
-
-# Integer keys that count something: at least 1. Every other integer key has its own range here.
-POSITIVE_INTS = ("iterations", "pool", "keep", "prompts_per_iteration", "explore.steps", "explore.chunk",
-                 "regenerate.steps", "regenerate.chunk", "train.steps_per_iteration", "train.micro_batch",
-                 "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
-                 "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool",
-                 "checkpoint.every", "alarms.drift.window")
-INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS}}
-
-
-def _check_ranges(config: Config) -> None:
-    """Every number in range, before any rule that compares or prints one (a vast integer cannot
-    even be printed): integers within their bounds, every float finite."""
-    for key in config_keys(config):
-        value = get_key(config, key)
-        if isinstance(value, float):
-            _require(math.isfinite(value), f"{key} ({value}) must be a finite number")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            low, high = INT_RANGES.get(key, (-MAX_COUNT, MAX_COUNT))
-            if key == "seed":
-                _require(low <= value <= high, f"seed ({_shown(value, 30)}) must be in [0, 2**63)")
-            _require(value >= low, f"{key} ({_shown(value, 30)}) must be >= {low}")
-            _require(value <= high, f"{key} ({_shown(value, 30)}) must be <= {high}")
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)

@@ -122,13 +122,6 @@ def require_shardable(config, world_size: int) -> None:
                                f"raise eval.prompts or eval.seeds_per_prompt to at least {world_size} pairs")
 
 
-def require_resumable_world(out_dir, world_size: int) -> None:
-    """A run resumes on as many ranks as it ran on (checkpoints before scale-out: one)."""
-    from solrl_core.checkpoint import read_metadata
-
-    require_same_world(int(read_metadata(out_dir).get("world_size", 1)), world_size, out_dir)
-
-
 def require_same_world(saved_size: int, world_size: int, out_dir) -> None:
     if saved_size != world_size:
         raise DistributedError(f"cannot resume {out_dir} on {world_size} rank(s): it ran on {saved_size}; resume it "

@@ -2,9 +2,9 @@
 before torchrun starts, and torchrun itself as a child process (the `--nproc-per-node N` of
 `solrl run` and the `nproc_per_node` of a Prefect deployment both come here).
 
-torchrun starts ``python -m solrl_core.cli run ...`` once per rank with RANK / WORLD_SIZE / ... in
+torchrun starts ``python -m flows.cli run ...`` (the `solrl` command) once per rank with RANK / WORLD_SIZE / ... in
 the environment; the CLI reads them (see ``command_run``). Users may equally call torchrun
-themselves: ``torchrun --nproc-per-node 8 -m solrl_core.cli run ...``.
+themselves: ``torchrun --nproc-per-node 8 -m flows.cli run ...``.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def torchrun_command(launch: Launch, run_arguments: list[str]) -> list[str]:
         command += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}",
                     f"--rdzv-conf=join_timeout={int(launch.rank_timeout)}"]
-    return command + ["-m", "solrl_core.cli", "run", *run_arguments]
+    return command + ["-m", "flows.cli", "run", *run_arguments]
 
 
 def run_arguments(preset: str | None, family: str | None, overrides: list[str], iterations: int | None,

@@ -1,7 +1,10 @@
-"""Named presets (model x reward x settings) and the method families (SPEC §5, and adaptive), as data.
+"""Named presets (model x reward x settings), and the resolve step that turns a preset, a family
+and the user's overrides into one validated config.
 
-A preset is a nested mapping applied onto the defaults; a family is a mapping applied after it.
-Per-model differences live here, never in copied training loops.
+A preset is a nested mapping applied onto the defaults; a family (solrl_core.families) is a
+mapping applied after it. Per-model differences live here, never in copied training loops.
+:func:`resolve_config` and :func:`validate` are the one place names and cross-field rules are
+checked (solrl_core.validation holds the rules); config.py below them only parses and coerces.
 
 Real models (SPEC section 8) are described once each in MODEL_PRESETS; a run preset is a model
 preset + a reward + the paper's defaults (PAPER_DEFAULTS). Their weights load from local files
@@ -22,8 +25,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from solrl_core.config import Config, ConfigError, apply_mapping, validate
+from solrl_core.config import Config, ConfigError, apply_mapping
+from solrl_core.families import FAMILIES
 from solrl_core.mappings import merge_nested
+from solrl_core.prompts import check_prompt_files
+from solrl_core.validation import check_config
 
 # Modules of a FLUX transformer that stay in full precision whatever their size: the input
 # embedders, the conditioning MLPs, the AdaLN modulation linears and the output head.
@@ -160,27 +166,16 @@ PRESETS.update({
     "sd35l-pickscore": real_preset("sd3.5-large", {"pickscore": 1.0}),
 })
 
-# SPEC section 5. Families without regeneration train on their rollout, which runs at
-# regenerate.steps (T_train); families with it draft at explore.steps and regenerate the kept.
-FAMILIES: dict[str, dict[str, Any]] = {
-    "diffusionnft": {"pool": 24, "keep": 24, "explore": {"backend": "none"}, "regenerate": {"enabled": False}},
-    "naive_scaling": {"pool": 96, "keep": 24, "explore": {"backend": "none"}, "regenerate": {"enabled": False}},
-    "naive_quant": {"pool": 96, "keep": 24, "regenerate": {"enabled": False}},
-    "sol_rl": {"pool": 96, "keep": 24, "regenerate": {"enabled": True}},
-    # Beyond the paper (solrl_core.adaptive): the pool is pruned on 1- and 2-step drafts, and the
-    # 24 seeds left after step 2 are the kept ones: 96 + 48 explorer sample-steps per group
-    # instead of 96 x 6.
-    "sol_rl_adaptive": {"pool": 96, "keep": 24, "regenerate": {"enabled": True},
-                        "explore": {"adaptive": {"enabled": True, "score_at": [1, 2], "survivors": [48, 24]}}},
-}
+def validate(config: Config) -> Config:
+    """Every name and cross-field rule (solrl_core.validation) against the registries' records and
+    this module's presets; returns the config unchanged when it is runnable."""
+    return check_config(config, PRESETS)
 
 
 def resolve_config(preset: str, family: str | None = None, overrides: list[tuple[str, Any]] | None = None,
                    base: dict[str, Any] | None = None) -> Config:
     """defaults -> params mapping (``base``) -> preset -> family -> user overrides, then validate;
     then the prompt files it names are read, so that a missing one stops here, before any run."""
-    from solrl_core.prompts import check_prompt_files
-
     config = Config()
     if base:
         apply_mapping(config, base)
@@ -192,7 +187,7 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
     if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"unknown family {family!r}; allowed: {', '.join(FAMILIES)}")
     config.family = family
-    apply_mapping(config, FAMILIES[family])
+    apply_mapping(config, FAMILIES[family].settings)
     for key, value in overrides or []:
         if key in ("preset", "family"):
             raise ConfigError(f"set {key} with --{key}, not -S")
@@ -208,8 +203,3 @@ def _apply_derived(config: Config, derived: dict[str, Any], overridden: set[str]
     for key, rule in derived.items():
         if key not in overridden:
             apply_mapping(config, {key: rule(config)})
-
-
-def rollout_steps(config: Config) -> int:
-    """Sampler steps of the exploration rollout (drafts, or the trained-on rollout)."""
-    return config.explore.steps if config.regenerate.enabled else config.regenerate.steps

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from solrl_core import distributed, faults
+from solrl_core.accounting import Accountant, iteration_hours, sample_flops
 from solrl_core.distributed import current as current_world
 from solrl_core.checkpoint import NonFiniteState
-from solrl_core.config import Config
+from solrl_core.config import Config, rollout_steps, train_steps
 from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
 from solrl_core.models.policy import FlowPolicy
 from solrl_core.models.registry import load_policy
 from solrl_core.nft import ema_decay, group_advantages, nft_loss, old_policy_rate, optimality_weight
-from solrl_core.presets import rollout_steps
 from solrl_core.progress import progress
 from solrl_core.quant.backends import check_runs_here
 from solrl_core.quant.explorer import Explorer, build_explorer
@@ -44,9 +44,14 @@ class RunState:
     eval_prompts: list[str]
     explorer: Explorer | None = None
     optimizer_steps: int = 0
+    # The run's GPU-hours so far, charged at the config's device profile (the checkpoint saves it).
+    accountant: Accountant = field(init=False)
     # The proxy-drift alarm switched to the more faithful explorer (alarms.drift.switch_*).
     drift_switched: bool = False
     drift_below: int = 0  # iterations in a row with the online fidelity below alarms.drift.threshold
+
+    def __post_init__(self):
+        self.accountant = Accountant.for_config(self.config)
 
 
 @dataclass
@@ -118,6 +123,14 @@ def initial_state(config: Config) -> RunState:
                         offload=config.model.offload_rewards)
     return RunState(config=config, policy=policy, rewards=rewards, optimizer=optimizer,
                     train_prompts=training_prompts(config), eval_prompts=evaluation_prompts(config))
+
+
+def modeled_iteration_hours(config: Config) -> dict:
+    """Modeled GPU-hours of one training iteration of ``config``, before running it: loads the
+    policy and builds the explorer to count its per-sample FLOPs (seconds on the embedded world)."""
+    state = initial_state(config)
+    quantize(state)
+    return iteration_hours(config, sample_flops(state))
 
 
 def quantize(state: RunState) -> dict:
@@ -246,7 +259,7 @@ def regenerate(state: RunState, drafts: Drafts, selection: torch.Tensor) -> Roll
     if not config.regenerate.enabled:
         return _kept_drafts(drafts, selection, kept_seeds)
     flat_prompts = [p for p in drafts.prompts for _ in range(selection.shape[1])]
-    latents, sigmas = _sample_seeds(state, flat_prompts, kept_seeds.flatten().tolist(), config.regenerate.steps,
+    latents, sigmas = _sample_seeds(state, flat_prompts, kept_seeds.flatten().tolist(), train_steps(config),
                                     config.regenerate.chunk, adapter=OLD, explorer=None, label="regenerate")
     scores = _score(state, latents, flat_prompts, list(config.rewards))
     return Rollout(prompts=drafts.prompts, seeds=kept_seeds,

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from solrl_core import alarms, distributed, faults, stages
+from solrl_core.accounting import sample_flops
 from solrl_core.distributed import current as current_world
-from solrl_core.accounting import accountant_for, sample_flops
 from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
                                    restore, rewind_outputs, save_checkpoint)
 from solrl_core.config import Config, to_dict
@@ -85,7 +85,7 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
         append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
     faults.point("ledger")
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
-    compute = accountant_for(state).iteration(
+    compute = state.accountant.iteration(
         state, explored=drafts.seeds.numel(), explore_steps=len(drafts.sigmas) - 1, kept=rollout.seeds.numel(),
         train_steps=len(rollout.sigmas) - 1, evaluated=should_evaluate(state.config, iteration), seconds=clock.seconds,
         explore_rows=drafts.explore_rows, scored_drafts=drafts.scored_drafts)

@@ -15,10 +15,10 @@ from solrl_core.accounting import (
     Flops,
     count_flops,
     count_sample_flops,
-    modeled_iteration_hours,
 )
 from solrl_core.config import ConfigError
 from solrl_core.presets import resolve_config
+from solrl_core.stages import modeled_iteration_hours
 from solrl_core.training import run_training
 
 SMALL = [("prompts_per_iteration", 2), ("pool", 8), ("keep", 4), ("eval.prompts", 2), ("eval.steps", 3),

@@ -10,7 +10,7 @@ import torch
 
 from solrl_core import accounting, stages
 from solrl_core.adaptive import explorer_rows, schedule_problem
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.config import ConfigError
 from solrl_core.presets import resolve_config
 from solrl_core.sampling import Trajectory, sample, sigma_grid

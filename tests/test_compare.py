@@ -8,7 +8,7 @@ import json
 import pytest
 
 from solrl_core.ablations import ABLATIONS, ablation_overrides, main as ablations_main
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.compare import first_crossing, markdown_table, plot_curves, size_to_budget, speedup_to_equal_reward
 from solrl_core.config import parse_override
 from solrl_core.presets import resolve_config
@@ -127,7 +127,7 @@ TINY = ["-S", "prompts_per_iteration=1", "-S", "eval.prompts=2", "-S", "eval.ste
 
 
 def test_compare_cli_runs_every_family_through_one_loop(tmp_path):
-    from solrl_core.accounting import modeled_iteration_hours
+    from solrl_core.stages import modeled_iteration_hours
 
     # A budget of one sol_rl iteration: every family gets the same modeled GPU-hours.
     sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in TINY[1::2]])

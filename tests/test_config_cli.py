@@ -12,7 +12,7 @@ import yaml
 # the in-process stderr captures below (the fresh-process test checks a real user sees none).
 import solrl_core.quant.explorer  # noqa: F401
 import solrl_core.rewards.registry  # noqa: F401
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.config import Config, ConfigError, config_keys, from_dict
 from solrl_core.presets import PRESETS, resolve_config
 
@@ -114,7 +114,7 @@ def test_config_command_rejects_invalid_config_the_same_way(capsys):
 def test_fresh_process_user_error_is_exactly_one_stderr_line(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "solrl_core.cli", "run", "--out", str(out), "-S", "keep=5"],
+        [sys.executable, "-m", "flows.cli", "run", "--out", str(out), "-S", "keep=5"],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
     )
     assert result.returncode == 2

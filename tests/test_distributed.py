@@ -135,8 +135,8 @@ def test_two_ranks_equal_one_process(two_ranks, one_process, record_property):
 
 
 def test_torchrun_itself_runs_the_cli(tmp_path, one_process):
-    """`torchrun --nproc-per-node 2 -m solrl_core.cli run ...`: the CLI reads torchrun's environment."""
-    command = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "solrl_core.cli", "run",
+    """`torchrun --nproc-per-node 2 -m flows.cli run ...`: the CLI reads torchrun's environment."""
+    command = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "flows.cli", "run",
                *_settings("iterations=1"), "--no-tracking", "--out", str(tmp_path / "run")]
     result = subprocess.run(command, env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=600,
                             start_new_session=True)

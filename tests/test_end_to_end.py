@@ -8,7 +8,7 @@ import json
 import polars as pl
 import pytest
 
-from solrl_core.cli import main
+from flows.cli import main
 
 SMALL = ["-S", "prompts_per_iteration=2", "-S", "pool=8", "-S", "keep=4", "-S", "eval.prompts=2",
          "-S", "eval.seeds_per_prompt=2", "-S", "eval.steps=4", "-S", "eval.every=2", "-S", "explore.steps=3",

@@ -44,7 +44,7 @@ def processes_in_group(group: int) -> dict[int, str]:
 
 def test_a_sigkilled_run_leaves_no_prefect_server_behind(tmp_path):
     env = environment(SOLRL_FAULT="kill@explore:0")  # no PREFECT_API_URL: the ephemeral server
-    arguments = [sys.executable, "-m", "solrl_core.cli", "run", "--out", str(tmp_path / "run"), "--no-tracking",
+    arguments = [sys.executable, "-m", "flows.cli", "run", "--out", str(tmp_path / "run"), "--no-tracking",
                  *[f"-S{override}" for override in TINY]]
     log = tmp_path / "run.log"
     with log.open("w") as output:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solrl_core.accounting import backend_precision, profile_problem
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.quant import backends
 from solrl_core.quant.backends import BackendUnavailable, auto_choice, resolve_backend
 from solrl_core.quant.explorer import Explorer, build_explorer

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from solrl_core import faults
 from solrl_core.checkpoint import CHECKPOINT, NonFiniteState, read_metadata
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.ledger import read_metrics
 from solrl_core.rewards import registry
 from solrl_core.world.rewards import shapes_compliance

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.fidelity import proxy_order, ranking_metrics, reference_ranks, true_ranks
 from solrl_core.selection import select_extremes
 

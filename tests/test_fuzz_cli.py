@@ -1,6 +1,6 @@
 """Bad input, fuzzed: property-based tests of the `solrl` command's config overrides and arguments.
 
-Invariants, checked on every generated input by calling ``solrl_core.cli.main`` in this process:
+Invariants, checked on every generated input by calling ``flows.cli.main`` (solrl_core.cli with the flow passed in) in this process:
 
 * an invalid invocation exits with code 2 and prints exactly one line on stderr, starting
   ``solrl: error:``, and nothing on stdout; never a traceback; ``solrl run`` creates no output
@@ -41,7 +41,8 @@ import solrl_core.report_readme  # noqa: F401
 import solrl_core.rewards.registry
 from solrl_core import cli_studies
 from solrl_core.accounting import DEVICE_PROFILES
-from solrl_core.cli import build_parser, main
+from flows.cli import main
+from solrl_core.cli import build_parser
 from solrl_core.config import (MAX_COUNT, Config, ConfigError, config_keys, declared_type, from_dict, get_key,
                                parse_override, to_yaml)
 from solrl_core.models.registry import LOADERS

@@ -9,7 +9,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 from safetensors.torch import load_file
 
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.models.shapes_tiny import CHECKPOINT, read_checkpoint
 from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain, state_path
 

@@ -15,7 +15,7 @@ import torch
 
 import _tiny
 from solrl_core import stages
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.models.adapters import OLD, TRAINED, adapter_parameters, attach_adapters
 from solrl_core.models.loading import ModelFilesMissing, Placement
 from solrl_core.models.memory import (EXPLORER_STORAGE, base_parameter_count, flux_dev_weight_memory,

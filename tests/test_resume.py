@@ -46,7 +46,7 @@ def run_cli(*arguments: str, log: Path, fault: str | None = None) -> subprocess.
     environment = {**os.environ, "SOLRL_FAULT": fault or ""}
     stdout, stderr = log.with_suffix(".out"), log.with_suffix(".err")
     with stdout.open("w") as out, stderr.open("w") as err:
-        process = subprocess.Popen([sys.executable, "-m", "solrl_core.cli", "run", *arguments], env=environment,
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *arguments], env=environment,
                                    cwd=ROOT, stdout=out, stderr=err, start_new_session=True)
         try:
             process.wait(timeout=900)
@@ -107,7 +107,7 @@ def test_killed_run_resumes_bit_identical(reference, tmp_path, point, iteration)
 
 
 def test_killed_before_the_first_checkpoint_has_nothing_to_resume(tmp_path, capsys):
-    from solrl_core.cli import main
+    from flows.cli import main
 
     out = tmp_path / "run"
     assert run_process(out, fault="kill@write:checkpoint.safetensors:-1") == -signal.SIGKILL
@@ -126,7 +126,7 @@ def test_killed_before_the_first_checkpoint_has_nothing_to_resume(tmp_path, caps
 
 
 def test_resume_of_a_folder_that_is_no_run_says_so(tmp_path, capsys):
-    from solrl_core.cli import main
+    from flows.cli import main
 
     (tmp_path / "notes.txt").write_text("not a run")
     assert main(["run", "--resume", str(tmp_path), "--no-tracking"]) == 2
@@ -175,7 +175,7 @@ def finished_run(tmp_path_factory) -> Path:
     (["--out", "elsewhere"], "leave out --out"),
 ], ids=["changed-key", "changed-keys", "other-preset", "other-family", "with-out"])
 def test_resume_refuses_a_different_run_in_one_line(finished_run, capsys, arguments, expected):
-    from solrl_core.cli import main
+    from flows.cli import main
 
     before = sorted(p.name for p in finished_run.iterdir())
     code = main(["run", "--resume", str(finished_run), "--no-tracking", *arguments])
@@ -188,7 +188,7 @@ def test_resume_refuses_a_different_run_in_one_line(finished_run, capsys, argume
 def test_resume_refuses_a_damaged_checkpoint_or_ledger(finished_run, tmp_path, capsys):
     import shutil
 
-    from solrl_core.cli import main
+    from flows.cli import main
 
     damaged = tmp_path / "damaged"
     shutil.copytree(finished_run, damaged)
@@ -206,7 +206,7 @@ def test_resume_refuses_a_damaged_checkpoint_or_ledger(finished_run, tmp_path, c
 
 
 def _resume_refusal(run: Path, capsys) -> str:
-    from solrl_core.cli import main
+    from flows.cli import main
 
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     code = main(["run", "--resume", str(run), "--no-tracking", "-S", "iterations=2"])

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 import solrl_core.models.registry  # noqa: F401 - imported lazily by the checks; keeps captures clean
 import solrl_core.quant.explorer  # noqa: F401
 import solrl_core.rewards.registry  # noqa: F401
-from solrl_core.cli import main
+from flows.cli import main
 from solrl_core.config import ConfigError
 from solrl_core.models.flux_dev import FLUX_DEV
 from solrl_core.presets import resolve_config

@@ -8,20 +8,17 @@ Loaders import their heavy dependencies only when called.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from solrl_core.config import Config, ModelConfig
 from solrl_core.models.loading import ModelFilesMissing
 from solrl_core.models.policy import FlowPolicy
+from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
 __all__ = ["LOADERS", "ModelFilesMissing", "SHAPES_TINY_CHECKPOINT", "check_model_files", "load_policy",
            "resolve_device", "resolve_dtype"]
 
-# The embedded world's committed base model. Named here, not in models.shapes_tiny, so that checking
-# it does not import diffusers (whose import-time warnings would spill onto a one-line error).
-SHAPES_TINY_CHECKPOINT = Path(__file__).resolve().parent.parent / "world" / "checkpoints" / "shapes-tiny.safetensors"
 
 
 def _shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:

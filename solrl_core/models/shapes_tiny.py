@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from solrl_core.models.flux import make_flux_forward, pack_patches, unpack_patches
 from solrl_core.models.loading import ModelFilesMissing  # noqa: F401 - re-exported for old imports
 from solrl_core.models.policy import FlowPolicy
-from solrl_core.models.registry import SHAPES_TINY_CHECKPOINT as CHECKPOINT
+from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
 
 
 @dataclass(frozen=True)
