@@ -4,11 +4,11 @@ of ``solrl_core.compare``, and the report page beside it.
 Two ways in:
 
 * train: every variant trained to the budget, exactly as ``solrl compare`` does;
-* from finished runs: the runs a pipeline already trained (DVC's ``train@family`` stages, each a
-  ``solrl compare --families F`` into the same folder) compared without training again, so every
-  family can carry its own overrides (e.g. a pool sweep of sol_rl alone).
+* from finished runs: the runs a pipeline or a sweep already trained (the DVC study's
+  ``train@<family>-<seed>`` stages, flows/study.py; the sweep flow's deployment runs) compared
+  without training again, so every family can carry its own overrides.
 
-``python -m flows.compare --from-runs DIR ...`` runs the second without Prefect (a DVC stage).
+``python -m flows.compare --from-runs DIR ...`` runs the second without Prefect.
 """
 
 from __future__ import annotations
@@ -25,17 +25,24 @@ from solrl_core.config import parse_override
 
 
 def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
-                          families: list[str] | None = None) -> dict:
+                          families: list[str] | None = None, seeds: list[int] | None = None) -> dict:
     """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
     runs in ``runs_dir/<name>/`` or, one per run seed, ``runs_dir/<name>/seed-<s>/`` (each with
-    summary.json, metrics.jsonl and the evaluation images)."""
+    summary.json, metrics.jsonl and the evaluation images).
+
+    ``families`` (in their order) and ``seeds`` pick the runs; without them every finished run is
+    compared, the families in presets.FAMILIES's order. A named run that is not there is an error,
+    and a run left over from an earlier selection is not read."""
     from solrl_core import compare
+    from solrl_core.presets import FAMILIES
 
     started = time.perf_counter()
     found = compare.finished_results(runs_dir, families)
     if not found:
         raise FileNotFoundError(f"no finished runs (summary.json) under {runs_dir}")
-    order = {name: index for index, name in enumerate(("diffusionnft", "naive_scaling", "naive_quant", "sol_rl"))}
+    if seeds is not None:
+        found = _only_seeds(found, seeds, runs_dir)
+    order = {name: index for index, name in enumerate(families or FAMILIES)}
     results = {name: found[name] for name in sorted(found, key=lambda name: (order.get(name, len(order)), name))}
     variants = {name: runs[0]["config"] for name, runs in results.items()}
     first = next(iter(variants.values()))
@@ -46,6 +53,18 @@ def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float
     compare.write_outputs(report, results, out_dir)
     write_metrics(report, out_dir / METRICS_FILE)
     return report
+
+
+def _only_seeds(found: dict[str, list[dict]], seeds: list[int], runs_dir: Path) -> dict[str, list[dict]]:
+    """Each variant's runs of ``seeds``, in that order; a missing one is named."""
+    picked = {}
+    for name, runs in found.items():
+        by_seed = {run["seed"]: run for run in runs}
+        missing = [seed for seed in seeds if seed not in by_seed]
+        if missing:
+            raise FileNotFoundError(f"no finished run of {name} seed {missing[0]} in {runs_dir / name}")
+        picked[name] = [by_seed[seed] for seed in seeds]
+    return picked
 
 
 METRICS_FILE = "compare_metrics.json"
@@ -88,8 +107,9 @@ def compare(budget_gpu_hours: float, out: str = "reports", preset: str = "shapes
         report = compare_finished_runs(Path(from_runs).expanduser().resolve(), out_dir, budget_gpu_hours,
                                        families=families)
     else:
-        variants = _variants(preset, families or ["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"],
-                             ablation, overrides or [])
+        from solrl_core.presets import FAMILIES
+
+        variants = _variants(preset, families or list(FAMILIES), ablation, overrides or [])
         report = run_comparison(variants, budget_gpu_hours, out_dir, evaluations=evaluations, log=logger.info,
                                 seeds=seeds)
     readme = write_readme(out_dir)

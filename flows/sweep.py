@@ -32,8 +32,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from solrl_core.config import ConfigError, parse_override, to_dict
+from solrl_core.presets import FAMILIES
 
-FAMILIES = ["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"]
 DEVICE_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -103,7 +103,7 @@ def sweep(budget_gpu_hours: float, devices: int, out: str = "reports/sweep", pre
         raise ConfigError(f"devices ({devices}) must be >= 1")
     logger = get_run_logger()
     out_dir = Path(out).expanduser().resolve()
-    points = grid(preset, families or FAMILIES, ablation, seeds or [0], overrides or [], budget_gpu_hours,
+    points = grid(preset, families or list(FAMILIES), ablation, seeds or [0], overrides or [], budget_gpu_hours,
                   evaluations, out_dir)
     outcomes = run_points([p for p in points if not p.reused], devices, deployment or f"solrl/{preset}", preset,
                           poll_seconds, logger.info)
@@ -112,7 +112,7 @@ def sweep(budget_gpu_hours: float, devices: int, out: str = "reports/sweep", pre
         raise RuntimeError(f"sweep: {len(failed)} of {len(points)} runs did not complete ({', '.join(failed)}); "
                            f"run the sweep again to resume them")
     report = compare_finished_runs(out_dir / "runs", out_dir, budget_gpu_hours, command="flows.sweep",
-                                   families=sorted({p.name for p in points}))
+                                   families=list(dict.fromkeys(p.name for p in points)))
     logger.info(f"sweep: {len(points)} runs ({sum(p.reused for p in points)} reused); wrote {out_dir / 'compare.json'}")
     return {"runs": len(points), "reused": sum(p.reused for p in points), "out": str(out_dir),
             "speedup_to_equal_reward": report.get("speedup_to_equal_reward")}

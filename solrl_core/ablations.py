@@ -15,10 +15,15 @@ from typing import Any
 
 ABLATION_FAMILY = "sol_rl"
 
-# name -> point -> {config key: value}; points keep their order.
+# The one config key each ablation varies; everything else is the ablated family's. The DVC study
+# (flows/study.py) takes its points from params.yaml and sets this key alone.
+ABLATION_KEYS: dict[str, str] = {"explore-steps": "explore.steps", "pool": "pool"}
+
+# name -> point -> {config key: value}; points keep their order. The pool ablation varies N at the
+# paper's fixed K = 24.
 ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "explore-steps": {str(steps): {"explore.steps": steps} for steps in (2, 4, 6, 8)},
-    "pool": {str(pool): {"pool": pool, "keep": 24} for pool in (24, 48, 72, 96)},
+    "explore-steps": {str(steps): {ABLATION_KEYS["explore-steps"]: steps} for steps in (2, 4, 6, 8)},
+    "pool": {str(pool): {ABLATION_KEYS["pool"]: pool, "keep": 24} for pool in (24, 48, 72, 96)},
 }
 
 # HPSv2 of the paper at each point (SPEC §6), for the report.

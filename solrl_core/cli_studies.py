@@ -276,11 +276,14 @@ def command_compare(args: argparse.Namespace) -> int:
     except Exception as failure:  # noqa: BLE001 - a run failing part way: one line, and how to go on
         raise _comparison_failed(failure) from None
     print((out / "compare.md").read_text(encoding="utf-8"), end="")
-    for profile, entry in report.get("speedup_by_profile", {}).items():
-        if entry["speedup"] is not None:
-            interval = (f", 95% interval [{_times(entry['ci'][0])}, {_times(entry['ci'][1])}]"
-                        if entry["ci"] is not None else "")
-            print(f"speed-up to equal reward (sol_rl vs diffusionnft, {profile}): {entry['speedup']:.2f}x{interval}")
+    from solrl_core.compare import ADAPTIVE, BASELINE, CANDIDATE
+
+    for name in (CANDIDATE, ADAPTIVE):
+        for profile, entry in report.get("speedups_by_family", {}).get(name, {}).items():
+            if entry["speedup"] is not None:
+                interval = (f", 95% interval [{_times(entry['ci'][0])}, {_times(entry['ci'][1])}]"
+                            if entry["ci"] is not None else "")
+                print(f"speed-up to equal reward ({name} vs {BASELINE}, {profile}): {entry['speedup']:.2f}x{interval}")
     print(f"wrote {out / 'compare.json'}, compare.png, compare.md, samples_grid.png; {write_readme(out)}")
     return 0
 

@@ -37,6 +37,8 @@ from solrl_core.stages import modeled_iteration_hours
 from solrl_core.training import METRICS, SUMMARY, RunObserver, run_training
 
 BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
+# Beyond the paper: reported beside sol_rl (its speed-up with its interval, and its difference to it).
+ADAPTIVE = "sol_rl_adaptive"
 GAIN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 # The base model's and the latest evaluation's images, rewritten at every evaluation: a run resumed
 # from its checkpoint does not evaluate the base again, and the sample grid still needs them.
@@ -318,10 +320,10 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
                                               < report["families"][CANDIDATE]["final_reward"])
     statistics = seed_statistics(runs, points, device, also_profiles, first.accounting.utilization)
     report["seed_statistics"] = statistics
-    report["speedup_by_profile"] = {
-        profile: {key: entry["speedups"][CANDIDATE][key]
-                  for key in ("speedup", "ci", "resamples", "undefined_share", "undefined_reasons", "note")}
-        for profile, entry in statistics["profiles"].items() if CANDIDATE in entry["speedups"]}
+    report["speedup_by_profile"] = speedup_by_profile(statistics, CANDIDATE)
+    # Every family's, sol_rl_adaptive's beside sol_rl's (the same entries as speedup_by_profile).
+    by_family = {name: speedup_by_profile(statistics, name) for name in runs if name != BASELINE}
+    report["speedups_by_family"] = {name: entry for name, entry in by_family.items() if entry}
     if "naive_quant - sol_rl" in statistics["final_differences"]:
         report["naive_quant_minus_sol_rl"] = statistics["final_differences"]["naive_quant - sol_rl"]
     report["final_reward_spread"] = final_reward_spread(results, first)
@@ -402,7 +404,16 @@ def profile_basis(device: str, utilization: float) -> str:
 
 
 # Final-reward differences reported with their bootstrap interval (where both variants ran).
-DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDATE, "naive_scaling"))
+DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDATE, "naive_scaling"),
+                    (ADAPTIVE, CANDIDATE), (ADAPTIVE, BASELINE))
+
+
+def speedup_by_profile(statistics: dict, name: str) -> dict:
+    """``name``'s speed-up to the baseline's final reward under each cost profile, with its
+    bootstrap interval and how often it is undefined; empty without a baseline."""
+    keys = ("speedup", "ci", "resamples", "undefined_share", "undefined_reasons", "note")
+    return {profile: {key: entry["speedups"][name][key] for key in keys}
+            for profile, entry in statistics["profiles"].items() if name in entry["speedups"]}
 
 
 def seed_statistics(runs: dict[str, list[dict]], points: dict[str, list[list[dict]]], device: str,
@@ -515,7 +526,8 @@ def final_reward_spread(results: dict, config: Config) -> dict:
     per_image = {name: torch.stack([scorer.score(run["images"]["final"], prompts).combined.double()
                                     for run in seed_runs(result)]).mean(0)
                  for name, result in results.items()}
-    pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE)]
+    pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE),
+             (ADAPTIVE, CANDIDATE)]
     return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
             "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b])
                                    for a, b in pairs if a in per_image and b in per_image}}
@@ -690,6 +702,7 @@ def markdown_table(report: dict) -> str:
                      f"prompts and seeds{averaged} (mean ± standard error, evaluation noise only): " + ", ".join(
                          f"{pair} {entry['mean']:+.4f} ± {entry['se']:.4f}"
                          for pair, entry in spread["paired_differences"].items()) + ".")
+    lines += method_speedups(report)
     if report.get("speedup_at_fraction_of_gain"):
         lines.append("")
         lines.append(f"Speed-up of {CANDIDATE} to equal reward at a share of {BASELINE}'s gain: " + ", ".join(
@@ -698,6 +711,23 @@ def markdown_table(report: dict) -> str:
     if "seed_statistics" in report:
         lines += seed_tables(report, seeds)
     return "\n".join(lines) + "\n"
+
+
+def method_speedups(report: dict) -> list[str]:
+    """compare.md's headline: sol_rl's and sol_rl_adaptive's speed-ups to the baseline's final
+    reward side by side, under each cost profile, with their bootstrap intervals over seeds."""
+    by_family = {name: report.get("speedups_by_family", {}).get(name) for name in (CANDIDATE, ADAPTIVE)}
+    by_family = {name: entry for name, entry in by_family.items() if entry}
+    if not by_family:
+        return []
+    lines = ["", f"Speed-up to {BASELINE}'s final {report['metric']} (95% bootstrap interval over seeds):", ""]
+    for profile in next(iter(by_family.values())):
+        label = f"{profile} (sized the budget)" if profile == report["device_profile"] else f"{profile} (re-costed)"
+        lines.append(f"- {label}: " + "; ".join(
+            f"{name} {_fmt(entry[profile]['speedup'], '.2f', entry[profile]['note'] or 'n/a', suffix='x')}"
+            + (f" {_interval(entry[profile]['ci'])}" if entry[profile]["ci"] is not None else " (one seed: no interval)")
+            for name, entry in by_family.items() if profile in entry))
+    return lines
 
 
 def seed_tables(report: dict, seeds: int) -> list[str]:

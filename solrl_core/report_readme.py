@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from solrl_core.ablations import PAPER_HPSV2
-from solrl_core.compare import PAPER_SPEEDUP_TO_EQUAL_REWARD
+from solrl_core.compare import ADAPTIVE, CANDIDATE, PAPER_SPEEDUP_TO_EQUAL_REWARD
 from solrl_core.fidelity import PAPER
 
 
@@ -88,7 +88,7 @@ def _compare_section(report_dir: Path) -> str | None:
         return None
     table = (report_dir / "compare.md").read_text(encoding="utf-8") if (report_dir / "compare.md").is_file() else ""
     paper = ", ".join(f"{model} {value:.2f}x" for model, value in PAPER_SPEEDUP_TO_EQUAL_REWARD.items())
-    lines = [f"## Equal-budget comparison of the four families (`compare.json`)\n",
+    lines = [f"## Equal-budget comparison of the families (`compare.json`)\n",
              f"Each family trains through the same `run_training` loop to {report['budget_gpu_hours']:.3g} modeled "
              f"GPU-hours ({report['gpu_hours_basis']}); the curves are the evaluation reward "
              f"(`{report['metric']}`, the trained reward) against cumulative modeled GPU-hours. Command: "
@@ -98,6 +98,11 @@ def _compare_section(report_dir: Path) -> str | None:
                  f"reward / GPU-hours sol_rl needs to reach it): **{_num(speedup, '.2f', 'not reached')}"
                  f"{'x' if speedup is not None else ''}** on the embedded world{_seeds_and_profiles(report)}; "
                  f"paper: {paper}.")
+    adaptive = report.get("speedups_by_family", {}).get(ADAPTIVE)
+    if adaptive:
+        lines.append(f"\nBeyond the paper, {ADAPTIVE} (the pool pruned on early drafts) beside it: "
+                     f"**{_times(adaptive.get(report['device_profile'], {}).get('speedup'))}**"
+                     f"{_seeds_and_profiles(report, ADAPTIVE)}.")
     sol = report["families"].get("sol_rl")
     if sol:
         stages = sol["modeled_gpu_hours_per_stage"]
@@ -125,11 +130,12 @@ def _compare_section(report_dir: Path) -> str | None:
     return "\n".join(lines)
 
 
-def _seeds_and_profiles(report: dict) -> str:
-    """The headline's qualifiers: how many seeds, its bootstrap interval, and the same runs under
+def _seeds_and_profiles(report: dict, family: str = CANDIDATE) -> str:
+    """A headline's qualifiers: how many seeds, its bootstrap interval, and the same runs under
     the other cost profiles (re-costed, so over a different budget)."""
     seeds = report.get("seeds") or []
-    by_profile = report.get("speedup_by_profile", {})
+    by_profile = report.get("speedups_by_family", {}).get(family) or (
+        report.get("speedup_by_profile", {}) if family == CANDIDATE else {})
     parts = []
     own = by_profile.get(report["device_profile"])
     if len(seeds) > 1:

@@ -272,3 +272,30 @@ def test_a_stopped_comparison_resumes_its_run_from_the_last_checkpoint(tmp_path,
     assert [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     report = json.loads((out / "compare.json").read_text())
     assert report["seeds"] == [3] and "seed_statistics" in report and len(report["grid"]) == 2
+
+
+def test_sol_rl_adaptive_is_reported_beside_sol_rl_with_its_interval(tmp_path):
+    from flows.compare import compare_finished_runs
+    from solrl_core.stages import modeled_iteration_hours
+
+    tiny = [*TINY, "-S", "explore.steps=3"]  # the adaptive schedule scores drafts at steps 1 and 2
+    sol = resolve_config("shapes-tiny", "sol_rl", [parse_override(text) for text in tiny[1::2]])
+    budget = 1.01 * modeled_iteration_hours(sol)["total"]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--families", "diffusionnft,sol_rl,sol_rl_adaptive", "--seeds", "0,1",
+                 "--budget-gpu-hours", f"{budget!r}", "--evaluations", "1", "--out", str(out), *tiny]) == 0
+    report = json.loads((out / "compare.json").read_text())
+    by_family = report["speedups_by_family"]
+    assert set(by_family) == {"sol_rl", "sol_rl_adaptive"} and by_family["sol_rl"] == report["speedup_by_profile"]
+    for profile, statistics in report["seed_statistics"]["profiles"].items():
+        entry, expected = by_family["sol_rl_adaptive"][profile], statistics["speedups"]["sol_rl_adaptive"]
+        assert (entry["speedup"], entry["ci"], entry["resamples"]) == (expected["speedup"], expected["ci"], 2000)
+    assert "sol_rl_adaptive - sol_rl" in report["seed_statistics"]["final_differences"]
+    headline = next(line for line in (out / "compare.md").read_text().splitlines()
+                    if line.startswith("- B200 (sized the budget):"))
+    assert "sol_rl " in headline and "sol_rl_adaptive " in headline
+    assert "| sol_rl_adaptive - sol_rl |" in (out / "compare.md").read_text()
+    # From the finished runs (the DVC study's and the sweep's way in): the families in FAMILIES' order.
+    again = compare_finished_runs(out / "runs", tmp_path / "again", budget)
+    assert list(again["families"]) == ["diffusionnft", "sol_rl", "sol_rl_adaptive"]
+    assert again["speedups_by_family"] == by_family

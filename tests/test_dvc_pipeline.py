@@ -1,7 +1,10 @@
-"""The project's dvc.yaml, reduced (sol_rl alone, a few seeds), in a temporary git + DVC repository:
-`dvc repro` skips the committed pretraining and runs fidelity -> train -> compare -> report, the seed
-ledger and LoRA checkpoint are DVC-cached outputs, `dvc exp run -S ...` reruns only what depends
-on the changed params, and a queued sweep over pool sizes is listed by `dvc exp show`.
+"""The project's dvc.yaml on the reduced study (params-ci.yaml as params.yaml) in a temporary git +
+DVC repository: one `dvc repro` skips the committed pretraining and runs every other stage (the
+fidelity sweep, families x seeds, the comparison, both ablations' points and their comparisons,
+the report); no two stages declare one output; a second `dvc repro` does nothing; an experiment
+that changes one ablation's points reruns that ablation's stages (and the report) alone; a queued
+sweep is listed by `dvc exp show`; and a run stage, run alone, writes its own run folder and
+nothing else.
 
 Every command is the README's, as a user types it in a fresh clone after `make install`:
 `.venv/bin/dvc ...` from the project folder, the virtual environment neither activated nor on the
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,15 +29,9 @@ pytestmark = pytest.mark.slow
 CHECKPOINT = "solrl_core/world/checkpoints/shapes-tiny.safetensors"
 DVC = ".venv/bin/dvc"  # as the README writes it, relative to the project folder
 PRETRAIN_DEPS = ["solrl_core/world/pretrain.py", "solrl_core/world/scenes.py", "solrl_core/world/captions.py"]
-
-
-def reduced_params() -> dict:
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params.update(prompts_per_iteration=2, explore={"steps": 3}, regenerate={"steps": 4},
-                  eval={"prompts": 2, "steps": 4}, families={"sol_rl": {"pool": 8, "keep": 4}})
-    params["compare"].update(budget_gpu_hours=3e-9, evaluations=1)  # one or two iterations
-    params["fidelity"].update(prompts=1, pool=4, explore_steps="2", backends="emulated-nvfp4")
-    return params
+PIPELINE = "reports/pipeline"
+# Written by DVC itself, not by a stage: the lock, and the .gitignore beside each cached output.
+DVC_BOOKKEEPING = re.compile(r"(^|/)\.gitignore$|^dvc\.lock$")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +43,7 @@ def repo(tmp_path_factory):
     for relative in ["dvc.yaml", "scripts/python", CHECKPOINT, *PRETRAIN_DEPS]:
         (path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / relative, path / relative)
-    (path / "params.yaml").write_text(yaml.safe_dump(reduced_params(), sort_keys=False))
+    shutil.copy2(ROOT / "params-ci.yaml", path / "params.yaml")  # the reduced study
     # The clone's .venv as `make install` leaves it (here: this environment), ignored by git.
     (path / ".venv").symlink_to(BIN.parent, target_is_directory=True)
     (path / ".gitignore").write_text(".venv\n")
@@ -69,22 +67,76 @@ def repo(tmp_path_factory):
     return path, sh
 
 
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def files(path: Path) -> dict[str, tuple[int, int]]:
+    """Every file of the workspace but git's, DVC's and the environment's: (mtime, size) by path."""
+    found = {}
+    for folder, subfolders, names in os.walk(path):
+        subfolders[:] = [name for name in subfolders if name not in (".git", ".dvc", ".venv")]
+        for name in names:
+            stat = (Path(folder) / name).stat()
+            found[(Path(folder) / name).relative_to(path).as_posix()] = (stat.st_mtime_ns, stat.st_size)
+    return found
+
+
+def written(before: dict, after: dict) -> set[str]:
+    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+
+
+def declared_outputs(path: Path, stages: set[str]) -> list[str]:
+    lock = yaml.safe_load((path / "dvc.lock").read_text())["stages"]
+    return [out["path"] for name in stages for out in lock[name].get("outs", [])]
+
+
+def outside(names: set[str], outputs: list[str]) -> set[str]:
+    """The files among ``names`` that are neither under one of ``outputs`` nor DVC's own."""
+    return {name for name in names if not DVC_BOOKKEEPING.search(name)
+            and not any(name == out or name.startswith(out.rstrip("/") + "/") for out in outputs)}
+
+
 def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     path, sh = repo
+    stages = set(sh(DVC, "stage", "list", "--name-only").stdout.split())
+    study = yaml.safe_load((path / "params.yaml").read_text())
+    runs = {f"train@{family}-{seed}" for family in study["families"] for seed in study["seeds"]}
+    points = {f"{name}@{point}-{seed}" for name, section in study["ablations"].items()
+              for point in section["points"] for seed in section["seeds"]}
+    assert stages == {"pretrain", "fidelity", "compare", "report", *runs, *points,
+                      *(f"ablation@{name}" for name in study["ablations"])}
+
     result = sh(DVC, "repro")
     assert "'pretrain' didn't change" in result.stdout, result.stdout[-2000:]
-    run_dir = path / "reports/pipeline/runs/sol_rl"
+    assert ran_stages(result.stdout) == stages - {"pretrain"}, result.stdout[-2000:]
+    # No two stages declare one output, nor one inside another's.
+    outputs = declared_outputs(path, stages)
+    assert len(outputs) == len(set(outputs))
+    assert not [(a, b) for a in outputs for b in outputs if a != b and a.startswith(b.rstrip("/") + "/")]
+
+    run_dir = path / PIPELINE / "runs/sol_rl/seed-0"
     ledger = pl.read_parquet(run_dir / "ledger.parquet")
     assert ledger.height >= 2 * 8 and ledger["selected"].sum() == ledger.height // 2
     assert (run_dir / "lora.safetensors").is_file()
-    report = json.loads((path / "reports/pipeline/compare.json").read_text())
-    assert set(report["families"]) == {"sol_rl"}
-    assert (path / "reports/pipeline/fidelity.json").is_file() and (path / "reports/pipeline/README.md").is_file()
     lock = yaml.safe_load((path / "dvc.lock").read_text())
-    [train_out] = lock["stages"]["train@sol_rl"]["outs"]
-    assert train_out["path"] == "reports/pipeline/runs/sol_rl" and train_out["md5"].endswith(".dir")
+    [train_out] = lock["stages"]["train@sol_rl-0"]["outs"]
+    assert train_out["path"] == f"{PIPELINE}/runs/sol_rl/seed-0" and train_out["md5"].endswith(".dir")
     # The ledger and the LoRA adapters sit in DVC's cache, not in git.
-    assert "/sol_rl" in (path / "reports/pipeline/runs/.gitignore").read_text().split()
+    assert "/seed-0" in (path / PIPELINE / "runs/sol_rl/.gitignore").read_text().split()
+
+    report = json.loads((path / PIPELINE / "compare.json").read_text())
+    assert list(report["families"]) == ["diffusionnft", "sol_rl", "sol_rl_adaptive"]
+    assert set(report["speedups_by_family"]) == {"sol_rl", "sol_rl_adaptive"}
+    for name, section in study["ablations"].items():
+        ablation = json.loads((path / PIPELINE / f"ablation-{name}/compare.json").read_text())
+        assert list(ablation["families"]) == [f"{name}={point}" for point in section["points"]]
+    page = (path / PIPELINE / "README.md").read_text()
+    assert "## Ranking fidelity" in page and "**paper** NVFP4" in page and "sol_rl_adaptive" in page
+    assert "## Ablation: explore-steps" in page and "## Ablation: pool" in page and "paper HPSv2" in page
+
+    again = sh(DVC, "repro")
+    assert not ran_stages(again.stdout), again.stdout[-2000:]
     assert "Data and pipelines are up to date" in sh(DVC, "status").stdout
     sh("git", "add", "-A")
     sh("git", "commit", "-qm", "repro")
@@ -92,11 +144,17 @@ def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
 
 def test_experiment_with_set_params_runs_and_a_queued_pool_sweep_is_listed(repo):
     path, sh = repo
-    result = sh(DVC, "exp", "run", "-S", "explore.steps=2", "-S", "families.sol_rl.pool=6")
-    assert "'fidelity' didn't change" in result.stdout, result.stdout[-2000:]
-    summary = json.loads((path / "reports/pipeline/runs/sol_rl/summary.json").read_text())
-    assert summary["config"]["explore"]["steps"] == 2 and summary["config"]["pool"] == 6
-    # A sweep over pool sizes: one queued experiment per value (`dvc exp run --run-all` runs them
+    before = files(path)
+    # One more point of the pool ablation: its new run, its comparison and the report, nothing else.
+    result = sh(DVC, "exp", "run", "-S", "ablations.pool.points=[6,8]")
+    assert ran_stages(result.stdout) == {"pool@8-0", "ablation@pool", "report"}, result.stdout[-2000:]
+    assert outside(written(before, files(path)) - {"params.yaml"},
+                   declared_outputs(path, {"pool@8-0", "ablation@pool", "report"})) == set()
+    ablation = json.loads((path / PIPELINE / "ablation-pool/compare.json").read_text())
+    assert list(ablation["families"]) == ["pool=6", "pool=8"]
+    assert json.loads((path / PIPELINE / "ablation-pool/runs/pool=8/seed-0/summary.json").read_text())[
+        "config"]["pool"] == 8
+    # A sweep over sol_rl's pool: one queued experiment per value (`dvc exp run --run-all` runs them
     # through the same execution as the experiment above; the test stops at the queue for time).
     sh(DVC, "exp", "run", "--queue", "-S", "families.sol_rl.pool=8,10,12")
     shown = json.loads(sh(DVC, "exp", "show", "--json").stdout)
@@ -105,12 +163,26 @@ def test_experiment_with_set_params_runs_and_a_queued_pool_sweep_is_listed(repo)
         for experiment in commit.get("experiments") or []:
             for revision in experiment.get("revs", []):
                 params = revision["data"]["params"]["params.yaml"]["data"]
-                point = (params["explore"]["steps"], params["families"]["sol_rl"]["pool"])
                 if (experiment.get("executor") or {}).get("state") == "queued":
-                    queued.add(point)
+                    queued.add(params["families"]["sol_rl"]["pool"])
                 else:
-                    metrics = revision["data"]["metrics"]["reports/pipeline/compare_metrics.json"]["data"]
-                    assert metrics["final_reward.sol_rl"] > 0
-                    ran.add(point)
-    assert ran == {(2, 6)}, json.dumps(shown)[:3000]
-    assert {pool for _, pool in queued} == {8, 10, 12}, json.dumps(shown)[:3000]
+                    metrics = revision["data"]["metrics"][f"{PIPELINE}/ablation-pool/compare_metrics.json"]["data"]
+                    assert metrics["final_reward.pool=8"] > 0
+                    ran.add(tuple(params["ablations"]["pool"]["points"]))
+    assert ran == {(6, 8)}, json.dumps(shown)[:3000]
+    assert queued == {8, 10, 12}, json.dumps(shown)[:3000]
+
+
+def test_a_run_stage_alone_writes_only_its_own_run_folder(repo):
+    path, sh = repo
+    stage = "train@sol_rl_adaptive-0"
+    before = files(path)
+    sh(DVC, "repro", "--force", "--single-item", stage)
+    changed = written(before, files(path))
+    assert any(name.startswith(f"{PIPELINE}/runs/sol_rl_adaptive/seed-0/") for name in changed)
+    assert outside(changed, declared_outputs(path, {stage})) == set()
+    # Its outputs are new (the run records its own seconds), so what reads them is out of date:
+    # the comparison, and nothing else, until it runs.
+    status = json.loads(sh(DVC, "status", "--json").stdout)
+    assert list(status) == ["compare"], status
+    assert [list(change) for change in status["compare"]] == [["changed deps"]], status

@@ -1,0 +1,263 @@
+"""The DVC study (dvc.yaml, params.yaml): the commands of its run and comparison stages.
+
+params.yaml describes the whole study: the settings every run shares, each family's own, the run
+seeds, the budget, and the points of the paper's two ablations. Each stage names one piece of it:
+
+    python -m flows.study run --root R --family sol_rl --seed 0                # train@sol_rl-0
+    python -m flows.study run --root R --ablation pool --point 48 --seed 0     # pool@48-0
+    python -m flows.study compare --root R                                     # compare
+    python -m flows.study compare --root R --ablation pool                     # ablation@pool
+
+A run stage trains one (family or ablation point, seed) to the budget, sized exactly as `solrl
+compare` sizes it, and writes its own run folder and nothing else:
+
+    R/runs/<family>/seed-<s>/                               a family's run
+    R/ablation-<name>/runs/<name>=<point>/seed-<s>/         an ablation point's run (sol_rl, one key varied)
+
+A comparison stage reads the runs params.yaml names (a folder left by an earlier choice of
+families, seeds or points is not read) and writes compare.json, .md, .png, samples_grid.png and
+compare_metrics.json into R (families) or R/ablation-<name> (one ablation). No Prefect, no MLflow:
+the run folders are the record. Bad params are one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from solrl_core.config import ConfigError, parse_override
+
+# params.yaml's keys; the fidelity stage passes its own section to `solrl fidelity` itself.
+STUDY_KEYS = ("preset", "settings", "families", "seeds", "compare", "ablations", "fidelity")
+
+
+@dataclass(frozen=True)
+class Study:
+    preset: str
+    settings: dict[str, Any]  # config keys every run shares
+    families: dict[str, dict[str, Any]]  # family -> its own config keys
+    seeds: list[int]
+    budget_gpu_hours: float
+    evaluations: int
+    device: str
+    ablations: dict[str, dict[str, list]]  # ablation -> {"points": [...], "seeds": [...]}
+
+
+def load_study(path: Path) -> Study:
+    """params.yaml as a Study, every section checked; a problem is one ConfigError naming the key."""
+    import yaml
+
+    try:
+        params = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read it ({error.strerror or error}); run from the project folder") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    where = path.name
+    params = _mapping(params, where)
+    unknown = [key for key in params if key not in STUDY_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(STUDY_KEYS)} "
+                          f"(config keys every run shares go under settings:)")
+    compare = _mapping(params.get("compare"), f"{where}: compare")
+    return Study(preset=_text(params.get("preset"), f"{where}: preset"),
+                 settings=_mapping(params.get("settings", {}), f"{where}: settings"),
+                 families=_families(params.get("families"), where),
+                 seeds=_seeds(params.get("seeds"), f"{where}: seeds"),
+                 budget_gpu_hours=_positive(compare.get("budget_gpu_hours"), f"{where}: compare.budget_gpu_hours"),
+                 evaluations=_count(compare.get("evaluations"), f"{where}: compare.evaluations"),
+                 device=_text(compare.get("device"), f"{where}: compare.device"),
+                 ablations=_ablations(params.get("ablations", {}), where))
+
+
+def _mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping (key: value lines), got {type(value).__name__}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a name, got {value!r}")
+    return value
+
+
+def _positive(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{where}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if (not isinstance(value, list) or not value
+            or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in value)):
+        raise ConfigError(f"{where}: expected a list of run seeds from 0 to 2**63-1, e.g. [0, 1, 2], got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: each seed once; a repeated seed would train the same run twice")
+    return value
+
+
+def _families(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    from solrl_core.presets import FAMILIES
+
+    families = _mapping(value, f"{where}: families")
+    if not families:
+        raise ConfigError(f"{where}: families: name at least one of {', '.join(FAMILIES)}")
+    for name, settings in families.items():
+        if name not in FAMILIES:
+            raise ConfigError(f"{where}: families: unknown family {name!r}; allowed: {', '.join(FAMILIES)}")
+        _mapping(settings if settings is not None else {}, f"{where}: families.{name}")
+    return {name: settings or {} for name, settings in families.items()}
+
+
+def _ablations(value: Any, where: str) -> dict[str, dict[str, list]]:
+    from solrl_core.ablations import ABLATION_KEYS
+
+    ablations = _mapping(value, f"{where}: ablations")
+    for name, section in ablations.items():
+        if name not in ABLATION_KEYS:
+            raise ConfigError(f"{where}: ablations: unknown ablation {name!r}; allowed: {', '.join(ABLATION_KEYS)}")
+        section = _mapping(section, f"{where}: ablations.{name}")
+        points = section.get("points")
+        if not isinstance(points, list) or not points or len(set(map(str, points))) != len(points):
+            raise ConfigError(f"{where}: ablations.{name}.points: expected a list of distinct values, got {points!r}")
+        ablations[name] = {"points": points, "seeds": _seeds(section.get("seeds"), f"{where}: ablations.{name}.seeds")}
+    return ablations
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and folders of the study's runs
+
+
+def _settings_overrides(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    # DVC's logs are not a terminal: no progress bars in the stages.
+    return [("progress", False), *settings.items()]
+
+
+def family_config(study: Study, family: str):
+    """A family's config: preset -> family -> the shared settings -> the family's own settings."""
+    from solrl_core.presets import resolve_config
+
+    _known(family, study.families, "family", "families")
+    return resolve_config(study.preset, family, [*_settings_overrides(study.settings),
+                                                 *study.families[family].items(), ("accounting.device", study.device)])
+
+
+def ablation_config(study: Study, ablation: str, point: str):
+    """An ablation point's config: the ablated family's, as the study sets it, with the ablation's
+    one key at ``point``."""
+    from solrl_core.ablations import ABLATION_FAMILY, ABLATION_KEYS
+    from solrl_core.presets import resolve_config
+
+    _known(ablation, study.ablations, "ablation", "ablations")
+    _known(point, {str(p): p for p in study.ablations[ablation]["points"]}, f"point of {ablation}",
+           f"ablations.{ablation}.points")
+    _known(ABLATION_FAMILY, study.families, "family", "families (the ablations vary its settings)")
+    varied = parse_override(f"{ABLATION_KEYS[ablation]}={point}")
+    return resolve_config(study.preset, ABLATION_FAMILY, [*_settings_overrides(study.settings),
+                                                          *study.families[ABLATION_FAMILY].items(), varied,
+                                                          ("accounting.device", study.device)])
+
+
+def _known(name: str, allowed, what: str, key: str) -> None:
+    if name not in allowed:
+        raise ConfigError(f"params.yaml has no {what} {name!r} under {key}; it has: {', '.join(map(str, allowed))}")
+
+
+def ablation_dir(root: Path, ablation: str) -> Path:
+    return root / f"ablation-{ablation}"
+
+
+def variant_dir(root: Path, family: str | None = None, ablation: str | None = None, point: str | None = None) -> Path:
+    """The folder of a variant's seed runs (``seed-<s>`` inside), where solrl compare puts them too."""
+    from solrl_core.ablations import variant_name
+
+    if ablation is None:
+        return root / "runs" / family
+    return ablation_dir(root, ablation) / "runs" / variant_name(ablation, point)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two stage commands
+
+
+def run_one(study: Study, root: Path, seed: int, family: str | None = None, ablation: str | None = None,
+            point: str | None = None, log=print) -> Path:
+    """Train one (variant, seed) of the study to the budget into its own folder; a finished run of
+    the same config there is kept, an interrupted one resumes (as solrl compare does)."""
+    if ablation is None:
+        config, seeds, name = family_config(study, family), study.seeds, family
+    else:
+        config, seeds = ablation_config(study, ablation, point), study.ablations[ablation]["seeds"]
+        from solrl_core.ablations import variant_name
+
+        name = variant_name(ablation, point)
+    if seed not in seeds:
+        raise ConfigError(f"seed {seed} is not one of the study's seeds for {name} ({', '.join(map(str, seeds))})")
+    # Imported once the params are known to be good: the training stack's imports print warnings.
+    from solrl_core.compare import plan_seeds, run_variant
+
+    [plan] = plan_seeds(config, variant_dir(root, family, ablation, point), study.budget_gpu_hours,
+                        study.evaluations, [seed])
+    run_variant(f"{name} seed {seed}", plan, log)
+    return plan["run_dir"]
+
+
+def compare_study(study: Study, root: Path, ablation: str | None = None, command: str = "") -> dict:
+    """The comparison of the study's families (or of one ablation's points) from their finished runs."""
+    from flows.compare import compare_finished_runs
+
+    if ablation is None:
+        names, seeds, out = list(study.families), study.seeds, root
+    else:
+        from solrl_core.ablations import variant_name
+
+        _known(ablation, study.ablations, "ablation", "ablations")
+        names = [variant_name(ablation, str(point)) for point in study.ablations[ablation]["points"]]
+        seeds, out = study.ablations[ablation]["seeds"], ablation_dir(root, ablation)
+    return compare_finished_runs(out / "runs", out, study.budget_gpu_hours, command=command, families=names,
+                                 seeds=seeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m flows.study", description="the DVC study's run and compare stages")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "train one (family or ablation point, seed) of the study"),
+                       ("compare", "compare the study's finished runs (families, or one ablation's points)")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--root", required=True, help="the study's report folder (dvc.yaml's ${root})")
+        command.add_argument("--params", default="params.yaml", help="the study (default params.yaml)")
+        command.add_argument("--ablation", default=None, help="an ablation of params.yaml's ablations")
+        if name == "run":
+            command.add_argument("--family", default=None, help="a family of params.yaml's families")
+            command.add_argument("--point", default=None, help="the ablation's point")
+            command.add_argument("--seed", type=int, required=True, help="one of the study's seeds")
+    args = parser.parse_args(argv)
+    try:
+        study = load_study(Path(args.params))
+        root = Path(args.root)
+        if args.command == "compare":
+            compare_study(study, root, args.ablation, command=" ".join(["python -m flows.study", *argv]))
+            print(f"wrote {(ablation_dir(root, args.ablation) if args.ablation else root) / 'compare.json'}")
+            return 0
+        if (args.family is None) == (args.ablation is None) or (args.ablation is None) != (args.point is None):
+            raise ConfigError("run: give --family F, or --ablation A with --point P")
+        print(f"wrote {run_one(study, root, args.seed, args.family, args.ablation, args.point)}")
+    except (ConfigError, FileExistsError, FileNotFoundError) as error:
+        print(f"study: error: {error.args[0] if error.args else error}".splitlines()[0], file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

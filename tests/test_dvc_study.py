@@ -1,0 +1,86 @@
+"""The DVC study's params (flows/study.py) without training: params.yaml is the whole study (five
+families x three seeds, the paper's ablation points, each run a valid config), params-ci.yaml the
+same study reduced, and bad params stop a stage with one line and exit code 2, writing nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.study import ablation_config, family_config, load_study, main
+from solrl_core.ablations import ABLATION_KEYS, ABLATIONS
+from solrl_core.config import get_key
+from solrl_core.presets import FAMILIES
+from tests._services import ROOT
+
+
+def test_params_yaml_is_the_whole_study_and_every_run_of_it_resolves():
+    study = load_study(ROOT / "params.yaml")
+    assert list(study.families) == list(FAMILIES) and len(study.seeds) >= 3
+    for name, points in ABLATIONS.items():  # the paper's points, whose HPSv2 the report puts beside
+        assert list(map(str, study.ablations[name]["points"])) == list(points)
+    for family in study.families:
+        config = family_config(study, family)
+        assert (config.family, config.pool, config.keep) == (family, study.families[family]["pool"],
+                                                             study.families[family]["keep"])
+    sol_rl = family_config(study, "sol_rl")
+    for name, section in study.ablations.items():
+        for point in section["points"]:
+            config = ablation_config(study, name, str(point))
+            assert get_key(config, ABLATION_KEYS[name]) == point
+            # Everything but the ablation's one key is sol_rl's, as the study sets it.
+            assert config.keep == sol_rl.keep and config.family == "sol_rl"
+
+
+def test_the_ci_study_has_the_same_sections_as_the_full_one():
+    full, ci = (yaml.safe_load((ROOT / name).read_text()) for name in ("params.yaml", "params-ci.yaml"))
+    assert list(full) == list(ci)
+    assert set(full["ablations"]) == set(ci["ablations"]) and set(full["compare"]) == set(ci["compare"])
+    assert set(ci["families"]) <= set(full["families"])
+    study = load_study(ROOT / "params-ci.yaml")
+    for family in study.families:
+        family_config(study, family)
+    for name, section in study.ablations.items():
+        for point in section["points"]:
+            ablation_config(study, name, str(point))
+
+
+def write_params(tmp_path: Path, change) -> Path:
+    params = yaml.safe_load((ROOT / "params-ci.yaml").read_text())
+    change(params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.mark.parametrize("change, arguments, message", [
+    (lambda p: p.update(iterations=3), ["--family", "sol_rl"], "unknown key 'iterations'"),
+    (lambda p: p.update(seeds=[0, 0]), ["--family", "sol_rl"], "each seed once"),
+    (lambda p: p["families"].update(grpo={}), ["--family", "sol_rl"], "unknown family 'grpo'"),
+    (lambda p: p["ablations"].update(lr={"points": [1], "seeds": [0]}), ["--family", "sol_rl"], "unknown ablation"),
+    (lambda p: p["compare"].update(budget_gpu_hours=-1), ["--family", "sol_rl"], "compare.budget_gpu_hours"),
+    (lambda p: p["settings"].update(pool="many"), ["--family", "sol_rl"], "pool"),
+    (lambda p: None, ["--family", "naive_quant"], "no family 'naive_quant' under families"),
+    (lambda p: None, ["--ablation", "pool", "--point", "96"], "no point of pool '96'"),
+    (lambda p: None, ["--family", "sol_rl", "--point", "6"], "--family F, or --ablation A with --point P"),
+])
+def test_bad_params_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, change, arguments, message):
+    params = write_params(tmp_path, change)
+    root = tmp_path / "pipeline"
+    assert main(["run", "--params", str(params), "--root", str(root), "--seed", "0", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
+    assert not root.exists()
+
+
+def test_a_seed_outside_the_study_and_a_comparison_without_its_runs_are_one_line(tmp_path, capsys):
+    params = write_params(tmp_path, lambda p: None)
+    root = tmp_path / "pipeline"
+    assert main(["run", "--params", str(params), "--root", str(root), "--family", "sol_rl", "--seed", "7"]) == 2
+    assert "seed 7 is not one of the study's seeds" in capsys.readouterr().err
+    assert main(["compare", "--params", str(params), "--root", str(root)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no finished run" in error
+    assert not root.exists()
