@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from solrl_core import seed_stats
+from solrl_core.accounting import SampleFlops, iteration_hours
 from solrl_core.config import Config, from_dict, set_key, to_dict
 from solrl_core.ledger import write_json
 from solrl_core.mappings import changed_settings
@@ -162,8 +163,11 @@ def size_to_budget(config: Config, budget_gpu_hours: float, evaluations: int, it
 
 def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluations: int,
                  estimate: dict | None = None) -> dict:
-    """Size one variant to the budget; say whether ``run_dir`` already holds its finished run."""
-    estimate = estimate or modeled_iteration_hours(config)
+    """Size one variant to the budget; say whether ``run_dir`` already holds its finished run.
+    Without ``estimate``, the finished run's recorded FLOPs size it where they can (nothing loads),
+    else the model is loaded to count them."""
+    estimate = estimate or reusable_estimate(config, run_dir, budget_gpu_hours, evaluations) \
+        or modeled_iteration_hours(config)
     sized = size_to_budget(config, budget_gpu_hours, evaluations, estimate["total"])
     summary_path = run_dir / SUMMARY
     finished = (summary_path.exists() and (run_dir / EVAL_IMAGES).exists()
@@ -173,6 +177,30 @@ def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluat
         raise FileExistsError(f"{run_dir} holds another run; delete it or choose a new --out")
     return {"config": sized, "estimate": estimate, "run_dir": run_dir, "reused": finished, "resume": resume,
             "seed": sized.seed}
+
+
+def reusable_estimate(config: Config, run_dir: Path, budget_gpu_hours: float, evaluations: int) -> dict | None:
+    """The iteration estimate from the FLOPs per sample that ``run_dir``'s finished run recorded,
+    when sizing ``config`` with it gives that run's very config (so the counts are this config's:
+    sizing changes only iterations and eval.every, which change no per-sample FLOP); else None."""
+    summary_path = run_dir / SUMMARY
+    if not summary_path.is_file() or not (run_dir / EVAL_IMAGES).exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if "flops_per_sample" not in summary:
+        return None
+    estimate = recorded_estimate(config, summary, summary_path)
+    sized = size_to_budget(config, budget_gpu_hours, evaluations, estimate["total"])
+    return estimate if summary["config"] == to_dict(sized) else None
+
+
+def recorded_estimate(config: Config, summary: dict, summary_path: Path) -> dict:
+    """One iteration's modeled cost from the FLOPs per sample a finished run's summary recorded."""
+    try:
+        counts = SampleFlops.from_record(summary["flops_per_sample"])
+    except ValueError as error:
+        raise ValueError(f"{summary_path}: flops_per_sample: {error}; delete the run and train it again") from None
+    return iteration_hours(config, counts)
 
 
 def interrupted_run_of(run_dir: Path, sized: Config) -> bool:
@@ -202,9 +230,12 @@ def plan_seeds(config: Config, variant_dir: Path, budget_gpu_hours: float, evalu
         return [plan_variant(config, variant_dir, budget_gpu_hours, evaluations)]
     if (variant_dir / SUMMARY).exists():
         raise FileExistsError(f"{variant_dir} holds a single-seed run; delete it or choose a new --out for --seeds")
-    estimate = modeled_iteration_hours(config)  # the seed changes no FLOP: one estimate sizes every seed
-    return [plan_variant(with_seed(config, seed), variant_dir / seed_dir_name(seed), budget_gpu_hours, evaluations,
-                         estimate) for seed in seeds]
+    plans, estimate = [], None
+    for seed in seeds:
+        plans.append(plan_variant(with_seed(config, seed), variant_dir / seed_dir_name(seed), budget_gpu_hours,
+                                  evaluations, estimate))
+        estimate = plans[-1]["estimate"]  # the seed changes no FLOP: one estimate sizes every seed
+    return plans
 
 
 def seed_dir_name(seed: int) -> str:
@@ -218,7 +249,9 @@ def seed_runs(result: dict | list[dict]) -> list[dict]:
 
 def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict[str, list[dict]]:
     """The finished runs under ``runs_dir``, per variant: ``<name>/summary.json`` (one seed) or
-    ``<name>/seed-<s>/summary.json`` (seeds in ascending order), with their estimates and images."""
+    ``<name>/seed-<s>/summary.json`` (seeds in ascending order), with their estimates and images.
+    The estimates come from the FLOPs per sample each summary recorded: no model is loaded. A
+    summary written before they were recorded has them counted again, on the loaded model."""
     from safetensors.torch import load_file
 
 
@@ -238,7 +271,9 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
         for run_dir in dirs:
             summary = json.loads((run_dir / SUMMARY).read_text())
             config = validate(from_dict(summary["config"]))
-            estimate = estimate or modeled_iteration_hours(config)
+            if estimate is None:
+                estimate = recorded_estimate(config, summary, run_dir / SUMMARY) if "flops_per_sample" in summary \
+                    else modeled_iteration_hours(config)
             results[name].append({"config": config, "estimate": estimate, "run_dir": run_dir, "reused": True,
                                   "seed": config.seed, "summary": summary,
                                   "images": load_file(str(run_dir / EVAL_IMAGES))})
