@@ -101,9 +101,9 @@ def layer_paths(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype
     w8 = FP8Tensor(w8.data.contiguous(), w8.scale)
     x8 = quantize_activation(x)
     packed = nvfp4_linear.pack_weight(weight, bias, dtype)
-    from solrl_core.quant.explorer import _EmulatedNVFP4
+    from solrl_core.quant.implementations import EmulatedNVFP4
 
-    nvfp4 = _EmulatedNVFP4()
+    nvfp4 = EmulatedNVFP4()
     paths = {
         "bf16_linear": lambda: F.linear(x, w16, bias),
         "fp8_explorer": lambda: fp8_matmul(quantize_activation(x), w8, bias, dtype),

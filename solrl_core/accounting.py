@@ -10,7 +10,7 @@ input shape with ``torch.utils.flop_counter`` and multiplied by the number of ca
 Reward models are not counted for the drafts every family scores once (the same for all of them;
 the embedded world's rewards are analytic and do no matmuls), but adaptive exploration's
 intermediate drafts are: each is decoded (the VAE decode counted on the real model) and scored
-(REWARD_SCORING_FLOPS, per reward, as data), at BF16, in the rank stage.
+(each reward record's scoring_flops, solrl_core.rewards.registry), at BF16, in the rank stage.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from solrl_core.adaptive import schedule_counts
 from solrl_core.config import rollout_steps, train_steps
 from solrl_core.quant.backends import precision_on_profile
 from solrl_core.quant.explorer import effective_linear_weights
+from solrl_core.rewards.registry import REWARDS
 
 # Dense peaks, TFLOP/s (SPEC §9). None: the precision has no tensor cores on that device.
 DEVICE_PROFILES: dict[str, dict[str, float | None]] = {
@@ -46,28 +47,16 @@ MEASURED_STEP_COST: dict[str, dict[str, float]] = {
     # which is conservative for Sol-RL. Update and evaluation: BF16 FLOPs, as in the peak profile.
     "B200-measured": {"fp4": 0.46},
 }
-# FLOPs per image of scoring with each real reward model, 2 x parameters x tokens of its towers at
-# their input size (the paper's models, SPEC §7): ImageReward's BLIP ViT-L/16 at 224 px (197 tokens,
-# 304M) + its BERT-base text tower (110M, ~35 tokens); CLIPScore's ViT-L/14 at 224 (257 tokens,
-# 304M) + text (123M, 77); PickScore's and HPSv2.1's ViT-H/14 at 224 (257 tokens, 632M) + text
-# (354M, 77). The embedded world's rewards are analytic: free. A reward missing here is an error
-# in the cost model, never a silent zero.
-REWARD_SCORING_FLOPS: dict[str, float] = {
-    "imagereward": 2 * (304e6 * 197 + 110e6 * 35),
-    "clipscore": 2 * (304e6 * 257 + 123e6 * 77),
-    "pickscore": 2 * (632e6 * 257 + 354e6 * 77),
-    "hpsv2": 2 * (632e6 * 257 + 354e6 * 77),
-    "shapes-compliance": 0.0,
-    "shapes-aesthetic": 0.0,
-}
 
 
 def scoring_flops(rewards) -> Flops:
-    """FLOPs of scoring one decoded image with every reward in ``rewards`` (names)."""
-    unknown = [name for name in rewards if name not in REWARD_SCORING_FLOPS]
+    """FLOPs of scoring one decoded image with every reward in ``rewards`` (names), as each
+    reward's record declares them (solrl_core.rewards.registry). An unknown reward is an error in
+    the cost model, never a silent zero."""
+    unknown = [name for name in rewards if name not in REWARDS]
     if unknown:
-        raise ValueError(f"no scoring cost for reward(s) {', '.join(unknown)} in accounting.REWARD_SCORING_FLOPS")
-    return Flops(high=int(sum(REWARD_SCORING_FLOPS[name] for name in rewards)))
+        raise ValueError(f"no scoring cost for unknown reward(s) {', '.join(unknown)}; allowed: {', '.join(REWARDS)}")
+    return Flops(high=int(sum(REWARDS[name].scoring_flops for name in rewards)))
 
 
 # The CUDA capability of each profile's device: what explore.backend=auto resolves to there.

@@ -2,12 +2,14 @@
 and the user's overrides into one validated config.
 
 A preset is a nested mapping applied onto the defaults; a family (solrl_core.families) is a
-mapping applied after it. Per-model differences live here, never in copied training loops.
+mapping applied after it. Per-model differences are data in the models' records
+(solrl_core.models.registry), never copied training loops.
 :func:`resolve_config` and :func:`validate` are the one place names and cross-field rules are
 checked (solrl_core.validation holds the rules); config.py below them only parses and coerces.
 
-Real models (SPEC section 8) are described once each in MODEL_PRESETS; a run preset is a model
-preset + a reward + the paper's defaults (PAPER_DEFAULTS). Their weights load from local files
+Real models (SPEC section 8) are described once each, in their records in
+solrl_core.models.registry (MODEL_PRESETS is read from them); a run preset is a model preset + a
+reward + the paper's defaults (PAPER_DEFAULTS), named by the model's record. Their weights load from local files
 only: ``-S model.path=DIR``, the model's env var (SOLRL_FLUX_PATH, SOLRL_SANA_PATH,
 SOLRL_SD35_PATH), or the local Hugging Face cache.
 
@@ -21,22 +23,16 @@ and the reward models too (``model.offload_rewards``).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from solrl_core.config import Config, ConfigError, apply_mapping
 from solrl_core.families import FAMILIES
 from solrl_core.mappings import merge_nested
+# flux_shift is re-exported: it belongs to FLUX's record, and callers know it from here.
+from solrl_core.models.registry import FLUX_QUANT_SKIP, MODELS, flux_shift  # noqa: F401
 from solrl_core.prompts import check_prompt_files
 from solrl_core.validation import check_config
-
-# Modules of a FLUX transformer that stay in full precision whatever their size: the input
-# embedders, the conditioning MLPs, the AdaLN modulation linears and the output head.
-FLUX_QUANT_SKIP = [
-    "x_embedder", "context_embedder", "time_text_embed.*", "*norm1.linear", "*norm1_context.linear",
-    "*norm.linear", "norm_out.*", "proj_out",
-]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "shapes-tiny": {
@@ -67,69 +63,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts_data"
 
-# The reference's rules (NVlabs/Sana train_scripts/sol_rl configs: skip modules and
-# nvfp4_min_dim; a layer is kept when max(in, out) > min_dim), restated for diffusers' names.
-# SANA: patch embedder, timestep / caption conditioning, the output head, and the self-attention
-# q/k/v (the reference skips its fused attn.qkv by name). Its cross-attention k and v are one
-# 2240 -> 4480 kv_linear there, quantized, so they are a fused pair here; the feed-forward's 1x1
-# convolutions (2240 -> 11200, 5600 -> 2240) are quantized like the reference's linear FFN; the
-# depthwise 3x3 convolution is no GEMM and stays as it is.
-SANA_QUANT_SKIP = ["patch_embed.*", "time_embed.*", "caption_projection.*", "norm_out.*", "proj_out",
-                   "*.attn1.to_q", "*.attn1.to_k", "*.attn1.to_v"]
-SANA_QUANT_FUSED = ["attn2.to_k+attn2.to_v"]
-# SD3: patch embedder, timestep / pooled-text conditioning, context embedder, AdaLN linears, head,
-# and the context stream's feed-forward (the reference skips ff_context). At min_dim 2432, SD3.5-L's
-# hidden size, its attention projections (2432 x 2432) stay BF16 in the reference as well.
-SD3_QUANT_SKIP = ["pos_embed.*", "time_text_embed.*", "context_embedder", "*norm1.linear", "*norm1_context.linear",
-                  "norm_out.*", "proj_out", "*.ff_context.*"]
-ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
-JOINT_ATTENTION = ATTENTION + ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
 PAPER_REWARDS = ["imagereward", "clipscore", "pickscore", "hpsv2"]
 
-
-def flux_shift(resolution: int, base_shift: float = 0.5, max_shift: float = 1.15) -> float:
-    """FLUX's resolution-dependent timestep shift exp(mu): mu is linear in the packed token count,
-    0.5 at 256 tokens and 1.15 at 4096 (the FLUX.1 scheduler config); 512 px -> 1024 tokens."""
-    tokens = (resolution // 16) ** 2
-    mu = base_shift + (max_shift - base_shift) * (tokens - 256) / (4096 - 256)
-    return round(math.exp(mu), 4)
-
-
-# SPEC section 8, one entry per model: the data that differs between models.
+# Each real model's preset (SPEC section 8), as its record in solrl_core.models.registry declares it.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "flux.1-dev": {
-        "description": "FLUX.1-dev (FluxPipeline), 512 px, DPM-Solver-2, guidance embedding 1.0",
-        "settings": {
-            "model": {"loader": "flux", "resolution": 512, "guidance": 1.0},
-            "sampler": {"kind": "dpm2", "shift": flux_shift(512)},
-            "quant": {"skip": FLUX_QUANT_SKIP, "min_dim": 1000},
-            "train": {"timestep_fraction": 0.4, "lora": {"targets": ATTENTION}},
-            "eval": {"steps": 28},
-        },
-        # Settings that follow others unless set themselves: FLUX's shift from its resolution.
-        "derived": {"sampler.shift": lambda config: flux_shift(config.model.resolution)},
-    },
-    "sana-1.6b": {
-        "description": "SANA 1.6B (SanaPipeline), 1024 px, Euler",
-        "settings": {
-            "model": {"loader": "sana", "resolution": 1024},
-            "sampler": {"kind": "euler", "shift": 3.0},
-            "quant": {"skip": SANA_QUANT_SKIP, "min_dim": 2240, "fused": SANA_QUANT_FUSED},
-            # Self-attention (attn1) and cross-attention (attn2) projections share these names.
-            "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
-            "eval": {"steps": 40},
-        },
-    },
-    "sd3.5-large": {
-        "description": "Stable Diffusion 3.5 Large (StableDiffusion3Pipeline), 1024 px, DPM-Solver-2",
-        "settings": {
-            "model": {"loader": "sd3", "resolution": 1024},
-            "sampler": {"kind": "dpm2", "shift": 3.0},
-            "quant": {"skip": SD3_QUANT_SKIP, "min_dim": 2432},
-            "train": {"timestep_fraction": 0.6, "lora": {"targets": JOINT_ATTENTION}},
-            "eval": {"steps": 40},
-        },
-    },
+    spec.preset.name: {"description": spec.preset.description, "settings": spec.preset.settings,
+                       "derived": spec.preset.derived}
+    for spec in MODELS.values() if spec.preset is not None
 }
 
 # SPEC sections 2 and 4: what every real run shares unless its model preset says otherwise.
@@ -154,17 +94,14 @@ def real_preset(model: str, rewards: dict[str, float]) -> dict[str, Any]:
         "description": f"{MODEL_PRESETS[model]['description']}; Sol-RL against {names}",
         "model_preset": model,
         "settings": merge_nested(PAPER_DEFAULTS, MODEL_PRESETS[model]["settings"], {"rewards": rewards}),
-        "derived": MODEL_PRESETS[model].get("derived", {}),
+        "derived": MODEL_PRESETS[model]["derived"],
     }
 
 
-# Names the Prefect deployments point at (solrl/<name>).
-PRESETS.update({
-    "flux-imagereward": real_preset("flux.1-dev", {"imagereward": 1.0}),
-    "flux-clipscore": real_preset("flux.1-dev", {"clipscore": 1.0}),
-    "sana-hpsv2": real_preset("sana-1.6b", {"hpsv2": 1.0}),
-    "sd35l-pickscore": real_preset("sd3.5-large", {"pickscore": 1.0}),
-})
+# The run presets each model's record names; the Prefect deployments point at them (solrl/<name>).
+PRESETS.update({run: real_preset(spec.preset.name, rewards)
+                for spec in MODELS.values() if spec.preset is not None for run, rewards in spec.preset.runs.items()})
+
 
 def validate(config: Config) -> Config:
     """Every name and cross-field rule (solrl_core.validation) against the registries' records and

@@ -17,7 +17,7 @@ from solrl_core.accounting import profile_problem
 from solrl_core.adaptive import schedule_problem
 from solrl_core.config import DEVICE_TYPES, DTYPES, MAX_COUNT, Config, ConfigError, shown, config_keys, get_key
 from solrl_core.families import FAMILIES
-from solrl_core.models.registry import LOADERS
+from solrl_core.models.registry import MODELS
 from solrl_core.quant.backends import BACKENDS
 from solrl_core.rewards.registry import REWARDS
 from solrl_core.sampling import SAMPLERS
@@ -33,8 +33,8 @@ def check_config(config: Config, presets: Collection[str]) -> Config:
              f"unknown explore.backend '{config.explore.backend}'; allowed: {', '.join(BACKENDS)}")
     _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
     _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
-    _require(config.model.loader in LOADERS,
-             f"unknown model.loader '{config.model.loader}'; allowed: {', '.join(LOADERS)}")
+    _require(config.model.loader in MODELS,
+             f"unknown model.loader '{config.model.loader}'; allowed: {', '.join(MODELS)}")
     _require(_is_device(config.model.device),
              f"model.device '{config.model.device}' is not a torch device; use auto, cpu, cuda or cuda:N")
     _require(bool(config.rewards), "rewards is empty; give at least one reward with a weight, e.g. -S 'rewards={shapes-compliance: 1.0}'")

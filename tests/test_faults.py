@@ -61,10 +61,15 @@ class FlakyReward:
         return scores
 
 
+def flaky_record(load) -> registry.RewardSpec:
+    """The "flaky" reward's record: analytic like the one it wraps (no files, free to score)."""
+    return registry.RewardSpec("flaky", load, files=None, scoring_flops=0.0, parameters=0)
+
+
 @pytest.fixture()
 def flaky(monkeypatch) -> FlakyReward:
     reward = FlakyReward()
-    monkeypatch.setitem(registry.REWARDS, "flaky", lambda path="": reward)
+    monkeypatch.setitem(registry.REWARDS, "flaky", flaky_record(lambda: reward))
     return reward
 
 
@@ -90,7 +95,7 @@ def untroubled(tmp_path_factory) -> pl.DataFrame:
     """The reference: the same run with a reward that never fails."""
     out = tmp_path_factory.mktemp("untroubled") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(registry.REWARDS, "flaky", lambda path="": FlakyReward())
+        patch.setitem(registry.REWARDS, "flaky", flaky_record(FlakyReward))
         assert run(out) == 0
     return pl.read_parquet(out / "ledger.parquet")
 
@@ -140,7 +145,7 @@ def test_an_iteration_with_no_scored_image_stops_the_run(flaky, tmp_path, capsys
         scores = original(images, prompts)
         return torch.full_like(scores, math.nan) if flaky.calls >= 4 else scores  # base eval, iter 0: calls 1-3
 
-    registry.REWARDS["flaky"] = lambda path="": all_nan_from_iteration_one
+    registry.REWARDS["flaky"] = flaky_record(lambda: all_nan_from_iteration_one)
     assert run(out) == 1
     err = one_error_line(capsys)
     assert "no finite reward" in err and "(1 iterations done)" in err
@@ -233,7 +238,7 @@ def test_a_learning_rate_that_overflows_stops_the_run_with_its_checkpoint_intact
 ], ids=["ledger", "checkpoint", "metrics"])
 def test_a_full_disk_stops_the_run_with_its_last_good_state_and_resume_continues(
         untroubled, tmp_path, capsys, monkeypatch, target, iteration, done):
-    monkeypatch.setitem(registry.REWARDS, "flaky", lambda path="": FlakyReward())
+    monkeypatch.setitem(registry.REWARDS, "flaky", flaky_record(FlakyReward))
     monkeypatch.setenv(faults.ENVIRONMENT, f"enospc@write:{target}:{iteration}")
     out = tmp_path / "run"
     assert run(out) == 1

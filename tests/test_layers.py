@@ -1,12 +1,18 @@
 """The layering contributors rely on: solrl_core's imports form no cycle and never reach the
-orchestrator (flows/, tasks/); config.py is the bottom layer; a family is one record."""
+orchestrator (flows/, tasks/); config.py is the bottom layer; a family, a reward, a model and an
+explorer backend are each one record that every place reading the name dispatches through."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from solrl_core.config import ConfigError
 from solrl_core.families import FAMILIES, Family
 from solrl_core.presets import resolve_config
 
@@ -51,3 +57,56 @@ def test_a_new_family_is_one_record(monkeypatch):
                                                                "sol_rl with half the pool"))
     config = resolve_config("shapes-tiny", "sol_rl_small_pool", [("progress", False)])
     assert (config.family, config.pool, config.keep) == ("sol_rl_small_pool", 48, 24)
+
+
+def test_a_new_reward_is_one_record(monkeypatch):
+    # The record alone: validation, the file check, the scorer and the cost model all find it.
+    from solrl_core import accounting
+    from solrl_core.rewards import registry
+
+    def brightness(images, prompts):
+        return images.mean(dim=(1, 2, 3))
+
+    monkeypatch.setitem(registry.REWARDS, "brightness",
+                        registry.RewardSpec("brightness", lambda: brightness, files=None, scoring_flops=5e6, parameters=0))
+    config = resolve_config("shapes-tiny", "sol_rl", [("rewards", {"brightness": 1.0})])
+    registry.check_reward_files(list(config.rewards))
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    scores = registry.RewardSet(config.rewards).score(images, ["a", "b", "c"])
+    assert torch.equal(scores.combined, brightness(images, None))
+    assert accounting.scoring_flops(["brightness", "shapes-compliance"]).total == 5_000_000
+
+
+def test_a_new_model_is_one_record(monkeypatch):
+    # model.loader validation, the files check and the loader all dispatch through the record.
+    from solrl_core.models import registry
+
+    calls = []
+    record = registry.ModelSpec("recorded", load=lambda model, device, dtype: calls.append(("load", dtype)) or "policy",
+                                check_files=lambda model: calls.append(("check", model.path)))
+    monkeypatch.setitem(registry.MODELS, "recorded", record)
+    config = resolve_config("shapes-tiny", "sol_rl", [("model.loader", "recorded"), ("model.device", "cpu"),
+                                                       ("model.path", "somewhere")])
+    registry.check_model_files(config.model)
+    assert registry.load_policy(config) == "policy"
+    assert calls == [("check", "somewhere"), ("load", torch.float32)]
+    with pytest.raises(ConfigError, match="unknown model.loader 'unrecorded'; allowed: shapes-tiny, flux, sana, sd3, recorded$"):
+        resolve_config("shapes-tiny", "sol_rl", [("model.loader", "unrecorded")])
+
+
+def test_the_explorer_runs_the_implementation_its_backend_record_names(monkeypatch):
+    from solrl_core.quant import backends
+    from solrl_core.quant.explorer import build_explorer
+    from solrl_core.quant.implementations import FP8
+
+    built = []
+
+    class RecordedFP8(FP8):
+        def __init__(self, packages=None):
+            built.append(packages)
+
+    monkeypatch.setitem(backends.BACKEND_SPECS, "fp8",
+                        dataclasses.replace(backends.BACKEND_SPECS["fp8"], implementation=RecordedFP8))
+    explorer = build_explorer(torch.nn.Sequential(torch.nn.Linear(32, 32)), "fp8", [], 0)
+    assert isinstance(explorer._backend_impl, RecordedFP8) and built == [None]
+    assert build_explorer(torch.nn.Sequential(torch.nn.Linear(32, 32)), "none", [], 0)._backend_impl is None

@@ -16,23 +16,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from solrl_core.quant.backends import BACKEND_SPECS
+from solrl_core.models.registry import MODELS
+from solrl_core.presets import PAPER_DEFAULTS
+from solrl_core.quant.backends import BACKEND_SPECS, ExplorerStorage
 from solrl_core.quant.explorer import _linear_layers, layer_features, quantizable_layers, select_quantized_layers
+from solrl_core.rewards.registry import REWARDS, reward_spec
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class ExplorerStorage:
-    """Bytes the explorer caches per quantized layer: per weight element (0: packed NVFP4, counted
-    by nvfp4_weight_bytes, times ``nvfp4_copies``), per bias element (None: the model's dtype),
-    per tensor and per output row."""
-
-    weight: float
-    bias: float | None
-    per_tensor: float
-    per_row: float = 0
-    nvfp4_copies: int = 1
 
 
 def nvfp4_weight_bytes(in_features: int, out_features: int) -> int:
@@ -41,24 +31,17 @@ def nvfp4_weight_bytes(in_features: int, out_features: int) -> int:
     return out_features * (blocks * 8 + blocks)
 
 
-EXPLORER_STORAGE = {
-    # As the backends of quant/explorer.py cache them (solrl_core.quant.backends names each one's).
-    "none": ExplorerStorage(weight=0, bias=0, per_tensor=0, nvfp4_copies=0),
-    # emulated-nvfp4: packed codes + E4M3 block scales, fp32 tensor scale, bias in the model's dtype.
-    "nvfp4-packed": ExplorerStorage(weight=0, bias=None, per_tensor=4),
-    "fp8-tensor": ExplorerStorage(weight=1, bias=None, per_tensor=4, nvfp4_copies=0),  # E4M3 + fp32 scale
-    "fp8-row": ExplorerStorage(weight=1, bias=None, per_tensor=0, per_row=4, nvfp4_copies=0),
-    # te-nvfp4: quantized parameters only (quantized_model_init); an upper bound that counts the
-    # row-wise and the column-wise NVFP4 copy a TE weight may keep for a backward pass, not verified
-    # on a GPU. bf16 bias, fp32 amax.
-    "te-nvfp4": ExplorerStorage(weight=0, bias=2, per_tensor=4, nvfp4_copies=2),
-}
+# Storage key -> how the cache holds one layer, as each backend's record declares it.
+EXPLORER_STORAGE: dict[str, ExplorerStorage] = {spec.storage.name: spec.storage for spec in BACKEND_SPECS.values()}
 
 
 def storage_of(storage_or_backend: str) -> ExplorerStorage:
     """The storage record of a storage key or of an explorer backend's name."""
     if storage_or_backend in BACKEND_SPECS:
-        storage_or_backend = BACKEND_SPECS[storage_or_backend].storage
+        return BACKEND_SPECS[storage_or_backend].storage
+    if storage_or_backend not in EXPLORER_STORAGE:
+        raise ValueError(f"unknown explorer storage or backend {storage_or_backend!r}; allowed: "
+                         f"{', '.join([*BACKEND_SPECS, *EXPLORER_STORAGE])}")
     return EXPLORER_STORAGE[storage_or_backend]
 
 
@@ -128,11 +111,10 @@ FLUX_DEV_CONFIG = {
 
 def flux_dev_weight_memory(storage: str = "nvfp4-packed") -> WeightMemory:
     """The modeled figure for FLUX.1-dev with the flux-* presets' LoRA and quantization settings."""
+    # Deferred for start-up time: diffusers costs seconds, and only this figure needs it.
     from diffusers import FluxTransformer2DModel
 
-    from solrl_core.presets import MODEL_PRESETS, PAPER_DEFAULTS
-
-    settings = MODEL_PRESETS["flux.1-dev"]["settings"]
+    settings = MODELS["flux"].preset.settings
     with torch.device("meta"):
         model = FluxTransformer2DModel(**FLUX_DEV_CONFIG)
     return weight_memory(model, targets=settings["train"]["lora"]["targets"], rank=PAPER_DEFAULTS["train"]["lora"]["rank"],
@@ -142,11 +124,8 @@ def flux_dev_weight_memory(storage: str = "nvfp4-packed") -> WeightMemory:
 # ---------------------------------------------------------------------------------------------
 # A real run's peak on the GPU: FLUX.1-dev at 512 px (issue 12 item 7)
 
-# FP32 reward models (SPEC section 7), parameters counted from their architectures: CLIPModel
-# ViT-L/14 and ViT-H/14 on the meta device, open_clip's ViT-H-14 (HPS v2.1) likewise, ImageReward
-# as BLIP's ViT-L/16 + its cross-attention BERT + projections + MLP head.
-REWARD_PARAMETERS = {"imagereward": 446_665_953, "clipscore": 427_616_513, "pickscore": 986_109_441,
-                     "hpsv2": 986_109_441}
+# The FP32 reward models (SPEC section 7): their parameters, as each reward's record declares them.
+REWARD_PARAMETERS = {name: spec.parameters for name, spec in REWARDS.items() if spec.parameters}
 # What the flux-* presets move onto the device only for a while (bf16): T5-XXL's encoder and CLIP-L's
 # text tower while encoding new prompts, the VAE while decoding.
 FLUX_ENCODER_PARAMETERS = 4_762_310_656 + 123_060_480
@@ -188,7 +167,7 @@ def flux_dev_run_peak(backend: str = "fp8", resolution: int = 512, explore_chunk
     tokens = (resolution // 16) ** 2 + FLUX_TEXT_TOKENS  # 2x2 patches of the 8x-downsampled latent, + text
 
     def rewards_bytes(names) -> int:
-        return sum(REWARD_PARAMETERS[name] * 4 for name in dict.fromkeys(names))
+        return sum(reward_spec(name).parameters * 4 for name in dict.fromkeys(names))
 
     always_rewards = 0 if offload_rewards else rewards_bytes((*rewards, *eval_rewards))
     encoders = FLUX_ENCODER_PARAMETERS * 2

@@ -1,56 +1,152 @@
-"""Policy loaders by name; a preset names its loader in ``model.loader``.
+"""The models, each declared once as a record: its loader, its files check and its preset data.
 
-Every loader takes ``(model config, device, dtype)`` and returns a FlowPolicy, or raises
-:class:`~solrl_core.models.loading.ModelFilesMissing` with one line naming the missing files.
-Loaders import their heavy dependencies only when called.
+A preset names its model in ``model.loader``. Every loader takes ``(model config, device, dtype)``
+and returns a FlowPolicy, or raises :class:`~solrl_core.models.loading.ModelFilesMissing` with one
+line naming the missing files; the files check says the same before anything is loaded. A real
+model's preset data (SPEC section 8: resolution, sampler, quantization skip list, LoRA targets,
+evaluation steps) and the run presets it is trained in are part of its record; solrl_core.presets
+builds ``MODEL_PRESETS`` and the run presets from them, validation lists the names, and the memory
+model reads the settings. Adding a model is its module plus one record here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from solrl_core.config import Config, ModelConfig
-from solrl_core.models.loading import ModelFilesMissing
+from solrl_core.models.flux_dev import FLUX_DEV, load_flux
+from solrl_core.models.loading import ModelFilesMissing, PipelineModel, resolve_model_dir
 from solrl_core.models.policy import FlowPolicy
+from solrl_core.models.sana import SANA_1600M, load_sana
+from solrl_core.models.sd3 import SD35_LARGE, load_sd3
 from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
-__all__ = ["LOADERS", "ModelFilesMissing", "SHAPES_TINY_CHECKPOINT", "check_model_files", "load_policy",
-           "resolve_device", "resolve_dtype"]
+__all__ = ["MODELS", "ModelFilesMissing", "ModelPreset", "ModelSpec", "SHAPES_TINY_CHECKPOINT", "check_model_files",
+           "load_policy", "model_spec", "resolve_device", "resolve_dtype"]
 
 
+@dataclass(frozen=True)
+class ModelPreset:
+    """A real model's settings as a preset, applied over the paper's defaults (presets.PAPER_DEFAULTS)."""
 
-def _shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+    name: str  # "flux.1-dev": its key in presets.MODEL_PRESETS, a run preset's ``model_preset``
+    description: str
+    settings: dict[str, Any]
+    # Run presets (Prefect deployments solrl/<name>): name -> the reward weights it trains against.
+    runs: dict[str, dict[str, float]]
+    # Settings that follow others unless set themselves: key -> rule of the config.
+    derived: dict[str, Callable[[Config], Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    loader: str  # the name ``model.loader`` holds
+    load: Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy]
+    # Raises ModelFilesMissing (one line) when the files are missing or of the wrong kind; loads nothing heavy.
+    check_files: Callable[[ModelConfig], None]
+    # None: the embedded world, whose run preset is presets.PRESETS["shapes-tiny"].
+    preset: ModelPreset | None = None
+
+
+def _load_shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
+    # Deferred for start-up time: shapes_tiny imports diffusers (seconds), which validation never needs.
     from solrl_core.models.shapes_tiny import load_shapes_tiny
 
     return load_shapes_tiny(model.path, device, dtype)
 
 
-def _flux(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    from solrl_core.models.flux_dev import load_flux
-
-    return load_flux(model, device, dtype)
+def _check_tiny_files(model: ModelConfig) -> None:
+    check_tiny_checkpoint(model.path)
 
 
-def _sana(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    from solrl_core.models.sana import load_sana
+def _folder_check(pipeline: PipelineModel) -> Callable[[ModelConfig], None]:
+    """A real model's files check: headers and file layout only (no import of diffusers)."""
+    def check(model: ModelConfig) -> None:
+        resolve_model_dir(pipeline, model.path)
 
-    return load_sana(model, device, dtype)
-
-
-def _sd3(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    from solrl_core.models.sd3 import load_sd3
-
-    return load_sd3(model, device, dtype)
+    return check
 
 
-LOADERS: dict[str, Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy]] = {
-    "shapes-tiny": _shapes_tiny,
-    "flux": _flux,
-    "sana": _sana,
-    "sd3": _sd3,
-}
+def flux_shift(resolution: int, base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    """FLUX's resolution-dependent timestep shift exp(mu): mu is linear in the packed token count,
+    0.5 at 256 tokens and 1.15 at 4096 (the FLUX.1 scheduler config); 512 px -> 1024 tokens."""
+    tokens = (resolution // 16) ** 2
+    mu = base_shift + (max_shift - base_shift) * (tokens - 256) / (4096 - 256)
+    return round(math.exp(mu), 4)
+
+
+# Modules of a FLUX transformer that stay in full precision whatever their size: the input
+# embedders, the conditioning MLPs, the AdaLN modulation linears and the output head.
+FLUX_QUANT_SKIP = [
+    "x_embedder", "context_embedder", "time_text_embed.*", "*norm1.linear", "*norm1_context.linear",
+    "*norm.linear", "norm_out.*", "proj_out",
+]
+# The reference's rules (NVlabs/Sana train_scripts/sol_rl configs: skip modules and
+# nvfp4_min_dim; a layer is kept when max(in, out) > min_dim), restated for diffusers' names.
+# SANA: patch embedder, timestep / caption conditioning, the output head, and the self-attention
+# q/k/v (the reference skips its fused attn.qkv by name). Its cross-attention k and v are one
+# 2240 -> 4480 kv_linear there, quantized, so they are a fused pair here; the feed-forward's 1x1
+# convolutions (2240 -> 11200, 5600 -> 2240) are quantized like the reference's linear FFN; the
+# depthwise 3x3 convolution is no GEMM and stays as it is.
+SANA_QUANT_SKIP = ["patch_embed.*", "time_embed.*", "caption_projection.*", "norm_out.*", "proj_out",
+                   "*.attn1.to_q", "*.attn1.to_k", "*.attn1.to_v"]
+SANA_QUANT_FUSED = ["attn2.to_k+attn2.to_v"]
+# SD3: patch embedder, timestep / pooled-text conditioning, context embedder, AdaLN linears, head,
+# and the context stream's feed-forward (the reference skips ff_context). At min_dim 2432, SD3.5-L's
+# hidden size, its attention projections (2432 x 2432) stay BF16 in the reference as well.
+SD3_QUANT_SKIP = ["pos_embed.*", "time_text_embed.*", "context_embedder", "*norm1.linear", "*norm1_context.linear",
+                  "norm_out.*", "proj_out", "*.ff_context.*"]
+ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
+JOINT_ATTENTION = ATTENTION + ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+
+# SPEC section 8, one record per model: the data that differs between models.
+MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
+    ModelSpec("shapes-tiny", _load_shapes_tiny, _check_tiny_files),
+    ModelSpec("flux", load_flux, _folder_check(FLUX_DEV), ModelPreset(
+        "flux.1-dev", "FLUX.1-dev (FluxPipeline), 512 px, DPM-Solver-2, guidance embedding 1.0",
+        settings={
+            "model": {"loader": "flux", "resolution": 512, "guidance": 1.0},
+            "sampler": {"kind": "dpm2", "shift": flux_shift(512)},
+            "quant": {"skip": FLUX_QUANT_SKIP, "min_dim": 1000},
+            "train": {"timestep_fraction": 0.4, "lora": {"targets": ATTENTION}},
+            "eval": {"steps": 28},
+        },
+        runs={"flux-imagereward": {"imagereward": 1.0}, "flux-clipscore": {"clipscore": 1.0}},
+        # FLUX's shift follows its resolution.
+        derived={"sampler.shift": lambda config: flux_shift(config.model.resolution)})),
+    ModelSpec("sana", load_sana, _folder_check(SANA_1600M), ModelPreset(
+        "sana-1.6b", "SANA 1.6B (SanaPipeline), 1024 px, Euler",
+        settings={
+            "model": {"loader": "sana", "resolution": 1024},
+            "sampler": {"kind": "euler", "shift": 3.0},
+            "quant": {"skip": SANA_QUANT_SKIP, "min_dim": 2240, "fused": SANA_QUANT_FUSED},
+            # Self-attention (attn1) and cross-attention (attn2) projections share these names.
+            "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
+            "eval": {"steps": 40},
+        },
+        runs={"sana-hpsv2": {"hpsv2": 1.0}})),
+    ModelSpec("sd3", load_sd3, _folder_check(SD35_LARGE), ModelPreset(
+        "sd3.5-large", "Stable Diffusion 3.5 Large (StableDiffusion3Pipeline), 1024 px, DPM-Solver-2",
+        settings={
+            "model": {"loader": "sd3", "resolution": 1024},
+            "sampler": {"kind": "dpm2", "shift": 3.0},
+            "quant": {"skip": SD3_QUANT_SKIP, "min_dim": 2432},
+            "train": {"timestep_fraction": 0.6, "lora": {"targets": JOINT_ATTENTION}},
+            "eval": {"steps": 40},
+        },
+        runs={"sd35l-pickscore": {"pickscore": 1.0}})),
+)}
+
+
+def model_spec(loader: str) -> ModelSpec:
+    if loader not in MODELS:
+        raise ValueError(f"unknown model.loader '{loader}'; allowed: {', '.join(MODELS)}")
+    return MODELS[loader]
 
 
 def check_model_files(model: ModelConfig) -> None:
@@ -58,17 +154,7 @@ def check_model_files(model: ModelConfig) -> None:
     callers that want to fail before starting heavier machinery. Real models: headers and file
     layout only (no import of diffusers, nothing loaded). The embedded world: its 2.4 MB checkpoint
     is loaded into the architecture it declares, which is what catches another model's weights."""
-    from solrl_core.models.flux_dev import FLUX_DEV
-    from solrl_core.models.loading import resolve_model_dir
-    from solrl_core.models.sana import SANA_1600M
-    from solrl_core.models.sd3 import SD35_LARGE
-
-    if model.loader == "shapes-tiny":
-        check_tiny_checkpoint(model.path)
-        return
-    spec = {"flux": FLUX_DEV, "sana": SANA_1600M, "sd3": SD35_LARGE}.get(model.loader)
-    if spec is not None:
-        resolve_model_dir(spec, model.path)
+    model_spec(model.loader).check_files(model)
 
 
 def check_tiny_checkpoint(path: str) -> None:
@@ -116,4 +202,4 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_policy(config: Config) -> FlowPolicy:
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
-    return LOADERS[config.model.loader](config.model, device, dtype)
+    return model_spec(config.model.loader).load(config.model, device, dtype)

@@ -1,27 +1,47 @@
 """The explorer backends, each declared once, and how ``auto`` picks one for a device.
 
-A backend record says everything the rest of the code needs: the precision the cost model
-charges its quantized layers at (solrl_core.accounting), how its cache is stored (the memory
-model, solrl_core.models.memory), and what a device must have to run it. Lists of names,
-validation, ``auto`` and the error for a backend a device cannot run all read these records; an
-unknown name is an error everywhere, never a silent default.
+A backend record says everything the rest of the code needs: its implementation (the explorer
+builds it, solrl_core.quant.implementations), the precision the cost model charges its quantized
+layers at (solrl_core.accounting), how its cache is stored (the memory model,
+solrl_core.models.memory), and what a device must have to run it. Lists of names, validation,
+``auto`` and the error for a backend a device cannot run all read these records; an unknown name
+is an error everywhere, never a silent default. Adding a backend is one record here (and its
+implementation in quant/implementations.py, its kernels in their own module).
 
 ``auto`` (the real presets' default) takes the cheapest precision the device has tensor cores
 for: ``te-nvfp4`` on Blackwell (sm_100+) when Transformer Engine is importable, ``fp8`` on
 Ada / Hopper (sm_89+), ``emulated-nvfp4`` anywhere else (CPUs included).
 
-This module imports torch only; it must stay cheap, since config validation reads it.
+This module imports torch and the implementations (torch-only); it must stay cheap, since config
+validation reads it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from solrl_core.quant.implementations import FP8, EmulatedNVFP4, FP8RowWise, TransformerEngine
+
 AUTO = "auto"
 Capability = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ExplorerStorage:
+    """Bytes the explorer caches per quantized layer: per weight element (0: packed NVFP4, counted
+    by solrl_core.models.memory.nvfp4_weight_bytes, times ``nvfp4_copies``), per bias element
+    (None: the model's dtype), per tensor and per output row."""
+
+    name: str
+    weight: float
+    bias: float | None
+    per_tensor: float
+    per_row: float = 0
+    nvfp4_copies: int = 1
 
 
 @dataclass(frozen=True)
@@ -29,26 +49,36 @@ class BackendSpec:
     name: str
     # What the cost model charges the quantized layers at: "bf16", "fp8" or "fp4".
     precision: str
-    # Key of solrl_core.models.memory.EXPLORER_STORAGE: how the cache holds one layer.
-    storage: str
+    # How the cache holds one layer (the memory model, solrl_core.models.memory).
+    storage: ExplorerStorage
     # Smallest CUDA capability that runs it at all (None: any device, CPUs included).
     requires_capability: Capability | None
     # Python package it needs beyond torch (None: torch alone).
     requires_package: str | None
     description: str
+    # Builds the implementation, given stand-ins for ``requires_package`` or None (the real one);
+    # None: nothing is quantized, the explorer is the policy.
+    implementation: Callable[..., object] | None
 
 
 BACKEND_SPECS: dict[str, BackendSpec] = {spec.name: spec for spec in (
-    BackendSpec("none", "bf16", "none", None, None,
-                "no quantization: the explorer is the full-precision policy"),
-    BackendSpec("emulated-nvfp4", "fp4", "nvfp4-packed", None, None,
-                "W4A4 NVFP4 numerics, exact; bf16 tensor-core GEMMs on a GPU, fp32 on a CPU"),
-    BackendSpec("fp8", "fp8", "fp8-tensor", None, None,
-                "FP8 E4M3, per-tensor current scaling; FP8 GEMMs on sm_89+, emulated elsewhere"),
-    BackendSpec("fp8-rowwise", "fp8", "fp8-row", None, None,
-                "FP8 E4M3, one scale per activation row and per weight row; FP8 GEMMs on sm_90+"),
-    BackendSpec("te-nvfp4", "fp4", "te-nvfp4", (10, 0), "transformer_engine",
-                "NVFP4 GEMMs through Transformer Engine (1x16 blocks), Blackwell only"),
+    BackendSpec("none", "bf16", ExplorerStorage("none", weight=0, bias=0, per_tensor=0, nvfp4_copies=0), None, None,
+                "no quantization: the explorer is the full-precision policy", None),
+    # Packed codes + E4M3 block scales, fp32 tensor scale, bias in the model's dtype.
+    BackendSpec("emulated-nvfp4", "fp4", ExplorerStorage("nvfp4-packed", weight=0, bias=None, per_tensor=4), None, None,
+                "W4A4 NVFP4 numerics, exact; bf16 tensor-core GEMMs on a GPU, fp32 on a CPU", EmulatedNVFP4),
+    # E4M3 + an fp32 scale per tensor, or per output row.
+    BackendSpec("fp8", "fp8", ExplorerStorage("fp8-tensor", weight=1, bias=None, per_tensor=4, nvfp4_copies=0),
+                None, None, "FP8 E4M3, per-tensor current scaling; FP8 GEMMs on sm_89+, emulated elsewhere", FP8),
+    BackendSpec("fp8-rowwise", "fp8",
+                ExplorerStorage("fp8-row", weight=1, bias=None, per_tensor=0, per_row=4, nvfp4_copies=0), None, None,
+                "FP8 E4M3, one scale per activation row and per weight row; FP8 GEMMs on sm_90+", FP8RowWise),
+    # Quantized parameters only (quantized_model_init); an upper bound that counts the row-wise and
+    # the column-wise NVFP4 copy a TE weight may keep for a backward pass, not verified on a GPU.
+    # bf16 bias, fp32 amax.
+    BackendSpec("te-nvfp4", "fp4", ExplorerStorage("te-nvfp4", weight=0, bias=2, per_tensor=4, nvfp4_copies=2),
+                (10, 0), "transformer_engine",
+                "NVFP4 GEMMs through Transformer Engine (1x16 blocks), Blackwell only", TransformerEngine),
 )}
 BACKENDS = (AUTO, *BACKEND_SPECS)
 

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import fnmatch
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from solrl_core.quant.backends import AUTO, BACKEND_SPECS, BACKENDS, BackendUnavailable, resolve_backend, spec
-from solrl_core.quant.fp8 import FP8Tensor, fp8_matmul, quantize_activation, quantize_fp8
-from solrl_core.quant.nvfp4 import fake_quantize_nvfp4
+from solrl_core.quant.backends import BACKENDS, BackendUnavailable, resolve_backend, spec
 
 __all__ = ["BACKENDS", "BackendUnavailable", "Explorer", "build_explorer", "effective_linear_weights",
            "quantizable_layers", "select_quantized_layers"]
@@ -178,94 +175,20 @@ def _base_layer(module: nn.Module) -> nn.Module:
 
 
 # --- backends --------------------------------------------------------------------------------
-# Each backend turns (weight, bias) into a cached entry once per requantize, quantizes an
-# activation, and multiplies the two. Entries are tuples of tensors, so their bytes can be counted.
+# Each backend's record (quant/backends.py) names its implementation (quant/implementations.py):
+# it turns (weight, bias) into a cached entry once per requantize, quantizes an activation, and
+# multiplies the two.
 
 
-class _EmulatedNVFP4:
-    """Exact W4A4 NVFP4: packed weights, bf16 tensor-core GEMMs on CUDA (quant/nvfp4_linear.py)."""
-
-    def __init__(self):
-        from solrl_core.quant import nvfp4_linear
-
-        self.kernels = nvfp4_linear
-
-    def quantize_weight(self, weight, bias, dtype, previous=None):
-        return self.kernels.pack_weight(weight, bias, dtype)
-
-    def quantize_activation(self, x: torch.Tensor):
-        if x.is_cuda:
-            rows = self.kernels._pad_to_blocks(x.reshape(-1, x.shape[-1]))
-            return self.kernels._compiled(self.kernels.quantize_activation_scaled)(rows)
-        # Fake-quantized in fp32, so a bf16 input is not rounded a second time.
-        return fake_quantize_nvfp4(x.float())
-
-    def matmul(self, activation, cached, x: torch.Tensor) -> torch.Tensor:
-        kernels = self.kernels
-        bias = None if cached.bias is None else cached.bias.float()
-        if x.is_cuda:
-            x_values, x_scale = activation
-            w_values = kernels._compiled(kernels.decode_scaled_codes)(cached.codes, cached.block_scales)
-            out = kernels.factored_linear(x_values, x_scale, w_values, cached.tensor_scale, bias)
-        else:
-            out = F.linear(activation, kernels.dequantize_nvfp4(kernels._as_packed(cached)), bias)
-        return out.to(x.dtype).reshape(*x.shape[:-1], cached.codes.shape[0])
-
-
-class _FP8Weight(NamedTuple):
-    data: torch.Tensor  # float8_e4m3fn [out, in], contiguous
-    scale: torch.Tensor  # fp32 scalar, or [out, 1] row-wise
-    bias: torch.Tensor | None  # the model's dtype: the GEMM adds a bf16 bias itself
-
-
-class _FP8:
-    """FP8 E4M3 with current scaling (quant/fp8.py says why this path and not torchao's)."""
-
-    def __init__(self, rowwise: bool = False):
-        self.rowwise = rowwise
-
-    def quantize_weight(self, weight, bias, dtype, previous=None):
-        data, scale = quantize_fp8(weight, rowwise=self.rowwise)
-        return _FP8Weight(data.contiguous(), scale, None if bias is None else bias.to(dtype))
-
-    def quantize_activation(self, x: torch.Tensor) -> FP8Tensor:
-        return quantize_activation(x, rowwise=self.rowwise)
-
-    def matmul(self, activation: FP8Tensor, cached: _FP8Weight, x: torch.Tensor) -> torch.Tensor:
-        out = fp8_matmul(activation, FP8Tensor(cached.data, cached.scale), cached.bias, x.dtype)
-        return out.reshape(*x.shape[:-1], cached.data.shape[0])
-
-
-class _TransformerEngine:
-    """te-nvfp4 (quant/te_nvfp4.py); TE quantizes the activation inside its GEMM."""
-
-    def __init__(self, modules=None):
-        from solrl_core.quant.te_nvfp4 import TransformerEngineNVFP4
-
-        self.impl = TransformerEngineNVFP4(modules)
-        self.session = self.impl.session
-
-    def quantize_weight(self, weight, bias, dtype, previous=None):
-        return self.impl.quantize_weight(weight, bias, dtype, previous)
-
-    def quantize_activation(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def matmul(self, activation, cached, x: torch.Tensor) -> torch.Tensor:
-        return self.impl.forward(cached, x)
-
-
-def _make_backend(backend: str, device: torch.device | None = None, te_modules=None):
-    """The implementation of a resolved backend name; None for "none"."""
-    if backend == "emulated-nvfp4":
-        return _EmulatedNVFP4()
-    if backend in ("fp8", "fp8-rowwise"):
-        return _FP8(rowwise=backend == "fp8-rowwise")
-    if backend == "te-nvfp4":
-        if te_modules is None:
-            resolve_backend(backend, device if device is not None else _default_cuda())
-        return _TransformerEngine(te_modules)
-    return None  # "none"
+def _implementation(backend: str, device: torch.device | None, packages=None):
+    """The implementation of a resolved backend name (None for one that quantizes nothing),
+    checked to run on ``device`` first unless the caller passes stand-ins for its packages."""
+    record = spec(backend)
+    if record.implementation is None:
+        return None
+    if packages is None:
+        resolve_backend(backend, device if device is not None else _default_cuda())
+    return record.implementation(packages)
 
 
 def _default_cuda() -> torch.device:
@@ -324,10 +247,10 @@ class Explorer:
 
     def __init__(self, backend: str, layer_names: Sequence[str], device: torch.device | None = None,
                  te_modules=None):
-        spec(backend)  # an unknown name is an error
+        # te_modules: stand-ins for the packages the backend requires (Transformer Engine's, in tests).
         self.backend = backend
         self.layer_names = list(layer_names)
-        self._backend_impl = _make_backend(backend, device, te_modules)
+        self._backend_impl = _implementation(backend, device, te_modules)
         self._cached_weights: dict[str, object] = {}
         self._shared = _SharedActivation()
 
@@ -415,9 +338,7 @@ def build_explorer(model: nn.Module, backend: str, skip: Sequence[str], min_dim:
                    fused: Sequence[str] = ()) -> Explorer:
     """Select the layers and check the backend can run here (``auto``: pick the one for the
     model's device). Call requantize() before active(). Backend "none" selects no layers."""
-    if backend != AUTO and backend not in BACKEND_SPECS:
-        spec(backend)  # raises the error naming the allowed ones
     device = _model_device(model)
-    backend = resolve_backend(backend, device) if backend in (AUTO, "te-nvfp4") else backend
+    backend = resolve_backend(backend, device)  # an unknown name raises, naming the allowed ones
     layer_names = [] if backend == "none" else select_quantized_layers(model, skip, min_dim, fused)
     return Explorer(backend, layer_names, device)

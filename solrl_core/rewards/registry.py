@@ -1,7 +1,12 @@
-"""Reward registry and the weighted combination used to rank seeds and form advantages.
+"""The rewards, each declared once as a record, and the weighted combination used to rank seeds
+and form advantages.
 
-A reward is a callable ``(images [B,3,H,W] in [0,1], prompts) -> Tensor[B]`` (float32, CPU).
-Factories are imported lazily so that a real reward model's heavy imports happen only when used.
+A reward is a callable ``(images [B,3,H,W] in [0,1], prompts) -> Tensor[B]`` (float32, CPU). Its
+record (:class:`RewardSpec`) says everything the rest of the code needs: how to build it, the
+files it reads (checked before a run starts), what scoring one image costs (the cost model,
+solrl_core.accounting) and how many FP32 parameters it brings to the device (the memory model,
+solrl_core.models.memory). Lists of names and validation read :data:`REWARDS`; an unknown name is
+an error, never a default. Adding a reward is its module plus one record here.
 """
 
 from __future__ import annotations
@@ -15,75 +20,68 @@ from typing import Callable, Protocol
 import torch
 
 from solrl_core.rewards._local import LocalFiles
-from solrl_core.rewards.clipscore import CLIPSCORE
-from solrl_core.rewards.hpsv2 import HPSV2
-from solrl_core.rewards.imagereward import IMAGEREWARD
-from solrl_core.rewards.pickscore import PICKSCORE
+from solrl_core.rewards.clipscore import CLIPSCORE, load_clipscore
+from solrl_core.rewards.hpsv2 import HPSV2, load_hpsv2
+from solrl_core.rewards.imagereward import IMAGEREWARD, load_imagereward
+from solrl_core.rewards.pickscore import PICKSCORE, load_pickscore
+from solrl_core.world.rewards import shapes_aesthetic, shapes_compliance
 
 
 class Reward(Protocol):
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor: ...
 
 
-def _shapes_compliance() -> Reward:
-    from solrl_core.world.rewards import shapes_compliance
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    # With files: load(path, offload) reads them from ``path`` (config reward_paths), else the
+    # files' env var, else the local Hugging Face cache; with ``offload`` the model waits on the
+    # CPU between uses (solrl_core.rewards.residency). Without files (analytic): load().
+    load: Callable[..., Reward]
+    files: LocalFiles | None
+    # FLOPs of scoring one image, for the cost model (0: analytic, no matmuls).
+    scoring_flops: float
+    # FP32 parameters on the device while it scores, for the memory model (0: analytic).
+    parameters: int
 
-    return shapes_compliance
-
-
-def _shapes_aesthetic() -> Reward:
-    from solrl_core.world.rewards import shapes_aesthetic
-
-    return shapes_aesthetic
-
-
-def _imagereward(path: str = "", offload: bool = False) -> Reward:
-    from solrl_core.rewards.imagereward import load_imagereward
-
-    return load_imagereward(path, offload)
-
-
-def _hpsv2(path: str = "", offload: bool = False) -> Reward:
-    from solrl_core.rewards.hpsv2 import load_hpsv2
-
-    return load_hpsv2(path, offload)
+    def __call__(self, path: str = "", offload: bool = False) -> Reward:
+        """The reward itself, loaded (``path`` and ``offload`` only mean something with files)."""
+        return self.load(path, offload) if self.files is not None else self.load()
 
 
-def _pickscore(path: str = "", offload: bool = False) -> Reward:
-    from solrl_core.rewards.pickscore import load_pickscore
-
-    return load_pickscore(path, offload)
+def _analytic(function: Reward) -> Callable[[], Reward]:
+    return lambda: function
 
 
-def _clipscore(path: str = "", offload: bool = False) -> Reward:
-    from solrl_core.rewards.clipscore import load_clipscore
+# The paper's reward models (SPEC section 7) and the embedded world's analytic ones. Scoring FLOPs:
+# 2 x parameters x tokens of the towers at their input size: ImageReward's BLIP ViT-L/16 at 224 px
+# (197 tokens, 304M) + its BERT-base text tower (110M, ~35 tokens); CLIPScore's ViT-L/14 at 224
+# (257 tokens, 304M) + text (123M, 77); PickScore's and HPSv2.1's ViT-H/14 at 224 (257 tokens,
+# 632M) + text (354M, 77). Parameters counted from their architectures: CLIPModel ViT-L/14 and
+# ViT-H/14 on the meta device, open_clip's ViT-H-14 (HPS v2.1) likewise, ImageReward as BLIP's
+# ViT-L/16 + its cross-attention BERT + projections + MLP head.
+REWARDS: dict[str, RewardSpec] = {spec.name: spec for spec in (
+    RewardSpec("shapes-compliance", _analytic(shapes_compliance), None, 0.0, 0),
+    RewardSpec("shapes-aesthetic", _analytic(shapes_aesthetic), None, 0.0, 0),
+    RewardSpec("imagereward", load_imagereward, IMAGEREWARD, 2 * (304e6 * 197 + 110e6 * 35), 446_665_953),
+    RewardSpec("hpsv2", load_hpsv2, HPSV2, 2 * (632e6 * 257 + 354e6 * 77), 986_109_441),
+    RewardSpec("pickscore", load_pickscore, PICKSCORE, 2 * (632e6 * 257 + 354e6 * 77), 986_109_441),
+    RewardSpec("clipscore", load_clipscore, CLIPSCORE, 2 * (304e6 * 257 + 123e6 * 77), 427_616_513),
+)}
 
-    return load_clipscore(path, offload)
 
-
-# name -> factory(path, offload); the real reward models (SPEC section 7) read their files from
-# ``path`` (config ``reward_paths``), else their env var, else the local Hugging Face cache; with
-# ``offload`` they wait on the CPU between uses (solrl_core.rewards.residency).
-REWARDS: dict[str, Callable[..., Reward]] = {
-    "shapes-compliance": _shapes_compliance,
-    "shapes-aesthetic": _shapes_aesthetic,
-    "imagereward": _imagereward,
-    "hpsv2": _hpsv2,
-    "pickscore": _pickscore,
-    "clipscore": _clipscore,
-}
-# The embedded world's rewards are analytic: they have no files.
-FILE_FREE = ("shapes-compliance", "shapes-aesthetic")
-# Each real reward's main files (their modules import only torch at the top: cheap to name here).
-REWARD_FILES: dict[str, LocalFiles] = {"imagereward": IMAGEREWARD, "hpsv2": HPSV2, "pickscore": PICKSCORE,
-                                       "clipscore": CLIPSCORE}
+def reward_spec(name: str) -> RewardSpec:
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
+    return REWARDS[name]
 
 
 def check_reward_files(names: list[str], paths: dict[str, str] | None = None) -> None:
     """Raise ModelFilesMissing now if a real reward's checkpoint folder is missing (nothing loaded)."""
     for name in dict.fromkeys(names):
-        if name in REWARD_FILES:
-            REWARD_FILES[name].resolve((paths or {}).get(name, ""))
+        files = reward_spec(name).files
+        if files is not None:
+            files.resolve((paths or {}).get(name, ""))
 
 
 class RewardFailure(RuntimeError):
@@ -106,8 +104,7 @@ class RewardSet:
         self.weights = dict(weights)
         names = list(weights) + [name for name in extra if name not in weights]
         paths = paths or {}
-        self.models = {name: REWARDS[name]() if name in FILE_FREE else REWARDS[name](paths.get(name, ""), offload)
-                       for name in names}
+        self.models = {name: reward_spec(name)(paths.get(name, ""), offload) for name in names}
 
     @contextmanager
     def on_device(self, names: list[str]) -> Iterator[None]:

@@ -1,8 +1,8 @@
 """Where a reward model waits between uses: on the device it scores on, or on the CPU.
 
 The real reward models run in FP32 (SPEC section 7) and together weigh 10.6 GiB (ImageReward
-1.66, CLIPScore's ViT-L/14 1.59, PickScore's and HPS v2.1's ViT-H/14 3.67 each; ``models/memory.py``
-counts them).
+1.66, CLIPScore's ViT-L/14 1.59, PickScore's and HPS v2.1's ViT-H/14 3.67 each; their records in
+``rewards/registry.py`` count them, ``models/memory.py`` adds them up).
 Resident from the start they would hold that memory through every stage. Offloaded
 (``model.offload_rewards``, on in the real presets) a model visits the device only while it
 scores: the explore stage's sampling, the regeneration and the update have the memory for the
