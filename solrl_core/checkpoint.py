@@ -62,8 +62,9 @@ class Checkpoint:
     config: dict
     base_eval: dict[str, float]
     gpu_hours: dict[str, float | None]
-    ledger_rows: int
-    metrics_lines: int
+    # How many ledger rows and metrics lines the checkpoint covers (metadata keys ledger_rows, metrics_lines).
+    ledger_row_count: int
+    metrics_line_count: int
     tensors: dict[str, torch.Tensor]
     # sha256 of each covered iteration's ledger rows and metrics line; None in checkpoints written
     # before digests were recorded (their counts are still checked).
@@ -220,7 +221,7 @@ def load_checkpoint(out_dir: Path) -> Checkpoint:
     metadata = read_metadata(out_dir)
     return Checkpoint(next_iteration=metadata["next_iteration"], optimizer_steps=metadata["optimizer_steps"],
                       config=metadata["config"], base_eval=metadata["base_eval"], gpu_hours=metadata["gpu_hours"],
-                      ledger_rows=metadata["ledger_rows"], metrics_lines=metadata["metrics_lines"],
+                      ledger_row_count=metadata["ledger_rows"], metrics_line_count=metadata["metrics_lines"],
                       digests=metadata.get("digests"), tensors=load_file(str(out_dir / CHECKPOINT)) | {"_param_groups": metadata["param_groups"]})
 
 
@@ -295,11 +296,11 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
     covered = [(line, record) for line, record in zip(lines, map(json.loads, lines))
                if record["iteration"] < checkpoint.next_iteration]
     records = [record for _, record in covered]
-    if rows != checkpoint.ledger_rows or len(records) != checkpoint.metrics_lines:
+    if rows != checkpoint.ledger_row_count or len(records) != checkpoint.metrics_line_count:
         raise CheckpointError(
             f"cannot resume: {out_dir} has {rows} ledger rows and {len(records)} metrics lines up to iteration "
-            f"{checkpoint.next_iteration - 1}, the checkpoint recorded {checkpoint.ledger_rows} and "
-            f"{checkpoint.metrics_lines}: the outputs were changed outside the run")
+            f"{checkpoint.next_iteration - 1}, the checkpoint recorded {checkpoint.ledger_row_count} and "
+            f"{checkpoint.metrics_line_count}: the outputs were changed outside the run")
     if checkpoint.digests is not None:
         _require_recorded(ledger_path, iteration_digests(kept), checkpoint.digests[LEDGER_FILE], "rows", "differ")
         _require_recorded(metrics_path, [line_digest(line) for line, _ in covered], checkpoint.digests[METRICS_FILE],

@@ -53,17 +53,17 @@ def recosted_hours(run_dir: Path, config: Config, estimate: dict, device: str) -
     calibrated profile (a share of the same FLOPs at BF16) does not even need. The base is at 0.
     """
     from solrl_core.accounting import TRAINING_STAGES, Flops, device_model, stage_hours
-    from solrl_core.ledger import METRICS_FILE as METRICS
+    from solrl_core.ledger import METRICS_FILE
 
     model = device_model(on_profile(config, device))
     per_sample = estimate["flops_per_sample"]
     low_share = (per_sample["explorer_forward_low_precision"] / per_sample["explorer_forward"]
                  if per_sample["explorer_forward"] else 0.0)
     hours, cumulative = {-1: 0.0}, 0.0
-    for line in (run_dir / METRICS).read_text().splitlines():
+    for line in (run_dir / METRICS_FILE).read_text().splitlines():
         record = json.loads(line)
         if "flops" not in record:
-            raise ConfigError(f"{run_dir / METRICS} records no FLOPs per stage (an older run); delete {run_dir} "
+            raise ConfigError(f"{run_dir / METRICS_FILE} records no FLOPs per stage (an older run); delete {run_dir} "
                               f"and run the comparison again to re-cost it under {device}")
         flops = {stage: Flops(high=int(record["flops"][stage])) for stage in TRAINING_STAGES}
         low = round(record["flops"]["explore"] * low_share)

@@ -147,7 +147,7 @@ class MlflowObserver(RunObserver):
         if step == 0:  # the base model: every curve starts at zero hours
             self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
                                 **{f"eval/{k}": v for k, v in rewards.items()}})
-        self.client.log_image(self.run_id, sample_grid(images, self.config), key="eval_samples", step=step)
+        self.client.log_image(self.run_id, eval_image_grid(images, self.config), key="eval_samples", step=step)
 
     def on_iteration(self, metrics: dict) -> None:
         self._record_iteration(metrics, log=True)
@@ -296,7 +296,7 @@ def base_checkpoint(config: Config) -> Path | None:
 # Pictures
 
 
-def sample_grid(images: torch.Tensor, config: Config, max_width: int = 1600):
+def eval_image_grid(images: torch.Tensor, config: Config, max_width: int = 1600):
     """The evaluation images as one uint8 HxWx3 array, laid out as ``samples_*.png``, enlarged
     (nearest neighbour) so small images stay visible in the UI."""
     from torchvision.utils import make_grid

@@ -82,7 +82,7 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     # Under torchrun: every rank's groups, so rank 0 writes what one process would.
     drafts, selection, rollout, report, fidelity = stages.whole_iteration(drafts, selection, rollout, report, fidelity)
     if current_world().is_main:
-        append_ledger(out_dir / LEDGER, _ledger_rows(drafts, selection, rollout, report))
+        append_ledger(out_dir / LEDGER, _iteration_ledger_frame(drafts, selection, rollout, report))
     faults.point("ledger")
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
     compute = state.accountant.iteration(
@@ -97,7 +97,9 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     return metrics
 
 
-def _ledger_rows(drafts, selection, rollout, report):
+def _iteration_ledger_frame(drafts, selection, rollout, report):
+    """The iteration's ledger rows: every draft's seed and rewards, which were kept, and the
+    trained samples' full-precision rewards and advantages."""
     has_fp = rollout.full_precision
     return ledger_frame(
         drafts.iteration, drafts.prompts, drafts.prompt_ids, drafts.seeds,
