@@ -65,7 +65,8 @@ def main() -> None:
     use_threads(args)
 
     from solrl_core import stages
-    from solrl_core.models.shapes_tiny import CHECKPOINT, read_checkpoint
+    from solrl_core.models.shapes_tiny import read_checkpoint
+    from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
     from solrl_core.presets import resolve_config
 
     config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", args.prompts),

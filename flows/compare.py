@@ -51,7 +51,7 @@ def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float
     report["seconds"] = round(time.perf_counter() - started, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     compare.write_outputs(report, results, out_dir)
-    write_metrics(report, out_dir / METRICS_FILE)
+    write_metrics(report, out_dir / COMPARE_METRICS_FILE)
     return report
 
 
@@ -67,7 +67,7 @@ def _only_seeds(found: dict[str, list[dict]], seeds: list[int], runs_dir: Path) 
     return picked
 
 
-METRICS_FILE = "compare_metrics.json"
+COMPARE_METRICS_FILE = "compare_metrics.json"
 
 
 def write_metrics(report: dict, path: Path) -> None:

@@ -34,6 +34,7 @@ from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 from solrl_core.quant.backends import BackendUnavailable, check_runs_here
 from solrl_core.report import print_summary
 from solrl_core.rewards.registry import check_reward_files
+from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
 __all__ = ["FlowRunners", "RUN_FAILED", "USER_ERROR", "RunFailed", "UserError", "main"]
 # Set before Prefect or MLflow is imported: no telemetry (nothing outside this machine is
@@ -306,12 +307,11 @@ def command_pretrain(args: argparse.Namespace) -> int:
     out = output_path(args.out, "--out", directory=False, kind="checkpoint file") if args.out else None
     from dataclasses import replace
 
-    from solrl_core.models.shapes_tiny import CHECKPOINT
     from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain
 
     chosen = {name: getattr(args, name) for name in ("steps", "heads", "seed") if getattr(args, name) is not None}
     settings = replace(PretrainSettings(), **chosen)
-    out = out or CHECKPOINT
+    out = out or SHAPES_TINY_CHECKPOINT
     try:
         record = pretrain(out, settings)
     except PretrainError as error:

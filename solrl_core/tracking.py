@@ -29,6 +29,7 @@ import torch
 from solrl_core.config import Config, to_dict
 from solrl_core.ledger import write_json
 from solrl_core.training import RunObserver
+from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
 STORE_FILE, ARTIFACT_DIR = "mlflow.db", "mlruns"
 # Cumulative metrics that can serve as the x-axis of a reward chart in the MLflow UI, best first:
@@ -286,9 +287,7 @@ def dvc_hash_tags(paths: dict[str, Path | None]) -> dict[str, str]:
 
 def base_checkpoint(config: Config) -> Path | None:
     if config.model.loader == "shapes-tiny":
-        from solrl_core.models.shapes_tiny import CHECKPOINT
-
-        return Path(config.model.path) if config.model.path else CHECKPOINT
+        return Path(config.model.path) if config.model.path else SHAPES_TINY_CHECKPOINT
     return Path(config.model.path) if config.model.path else None
 
 

@@ -10,7 +10,8 @@ from diffusers import FluxTransformer2DModel
 from safetensors.torch import load_file
 
 from flows.cli import main
-from solrl_core.models.shapes_tiny import CHECKPOINT, read_checkpoint
+from solrl_core.models.shapes_tiny import read_checkpoint
+from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
 from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain, state_path
 
 TINY = replace(PretrainSettings(), steps=3, dataset_size=64, batch=8, warmup=2)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from solrl_core.models.flux import make_flux_forward, pack_patches, unpack_patches
 from solrl_core.models.loading import ModelFilesMissing  # noqa: F401 - re-exported for old imports
 from solrl_core.models.policy import FlowPolicy
-from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
+from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
 
 @dataclass(frozen=True)
@@ -175,5 +175,5 @@ def shapes_policy(arch: TinyArchitecture, transformer: torch.nn.Module, text_enc
 
 
 def load_shapes_tiny(path: str, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    arch, transformer, text_encoder, _ = read_checkpoint(Path(path) if path else CHECKPOINT)
+    arch, transformer, text_encoder, _ = read_checkpoint(Path(path) if path else SHAPES_TINY_CHECKPOINT)
     return shapes_policy(arch, transformer, text_encoder, device, dtype)

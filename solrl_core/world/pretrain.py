@@ -20,7 +20,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from solrl_core.models.shapes_tiny import (
-    CHECKPOINT,
     ShapesTextEncoder,
     TinyArchitecture,
     build_transformer,
@@ -28,6 +27,7 @@ from solrl_core.models.shapes_tiny import (
     save_checkpoint,
 )
 from solrl_core.progress import progress
+from solrl_core.world import SHAPES_TINY_CHECKPOINT
 from solrl_core.world.captions import VOCAB, caption, is_held_out, tokenize
 from solrl_core.world.scenes import render, sample_scene
 
@@ -199,7 +199,7 @@ def state_path(out: Path) -> Path:
     return out.with_name(out.name + ".pretrain-state")
 
 
-def pretrain(out: Path = CHECKPOINT, settings: PretrainSettings = PretrainSettings(), show_progress: bool = True,
+def pretrain(out: Path = SHAPES_TINY_CHECKPOINT, settings: PretrainSettings = PretrainSettings(), show_progress: bool = True,
              log=print, stop_after: int | None = None) -> dict:
     """Train (or resume) and write the averaged weights to ``out``; ``stop_after`` ends the run
     after that many steps with only its state saved, as a stopped machine would."""
