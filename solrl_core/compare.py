@@ -30,12 +30,12 @@ import torch
 from solrl_core import seed_stats
 from solrl_core.accounting import SampleFlops, iteration_hours
 from solrl_core.config import Config, from_dict, set_key, to_dict
-from solrl_core.ledger import write_json
+from solrl_core.ledger import METRICS_FILE, SUMMARY_FILE, write_json
 from solrl_core.mappings import changed_settings
 from solrl_core.presets import validate
 from solrl_core.recost import check_also_profiles, recosted_hours
 from solrl_core.stages import modeled_iteration_hours
-from solrl_core.training import METRICS, SUMMARY, RunObserver, run_training
+from solrl_core.training import RunObserver, run_training
 
 BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
 # Beyond the paper: reported beside sol_rl (its speed-up with its interval, and its difference to it).
@@ -100,11 +100,11 @@ def speedup_to_equal_reward(baseline: Curve, candidate: Curve, fractions: Sequen
 def curve_from_run(run_dir: Path, metric: Callable[[dict], float]) -> list[dict]:
     """Evaluation points of a run: the base at 0 GPU-hours, then each evaluation at the cumulative
     modeled GPU-hours of the iteration it followed (and measured CPU seconds beside it)."""
-    summary = json.loads((run_dir / SUMMARY).read_text())
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     points = [{"iteration": -1, "modeled_gpu_hours": 0.0, "gpu_hours": None, "cpu_seconds": 0.0,
                "rewards": summary["eval_reward_base"], "reward": metric(summary["eval_reward_base"])}]
     seconds = 0.0
-    for line in (run_dir / METRICS).read_text().splitlines():
+    for line in (run_dir / METRICS_FILE).read_text().splitlines():
         record = json.loads(line)
         seconds += record["seconds"]["total"]
         if "eval" in record:
@@ -169,7 +169,7 @@ def plan_variant(config: Config, run_dir: Path, budget_gpu_hours: float, evaluat
     estimate = estimate or reusable_estimate(config, run_dir, budget_gpu_hours, evaluations) \
         or modeled_iteration_hours(config)
     sized = size_to_budget(config, budget_gpu_hours, evaluations, estimate["total"])
-    summary_path = run_dir / SUMMARY
+    summary_path = run_dir / SUMMARY_FILE
     finished = (summary_path.exists() and (run_dir / EVAL_IMAGES).exists()
                 and json.loads(summary_path.read_text())["config"] == to_dict(sized))
     resume = not finished and interrupted_run_of(run_dir, sized)
@@ -183,7 +183,7 @@ def reusable_estimate(config: Config, run_dir: Path, budget_gpu_hours: float, ev
     """The iteration estimate from the FLOPs per sample that ``run_dir``'s finished run recorded,
     when sizing ``config`` with it gives that run's very config (so the counts are this config's:
     sizing changes only iterations and eval.every, which change no per-sample FLOP); else None."""
-    summary_path = run_dir / SUMMARY
+    summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file() or not (run_dir / EVAL_IMAGES).exists():
         return None
     summary = json.loads(summary_path.read_text())
@@ -228,7 +228,7 @@ def plan_seeds(config: Config, variant_dir: Path, budget_gpu_hours: float, evalu
     config's own seed in ``variant_dir`` itself (the single-seed layout)."""
     if seeds is None:
         return [plan_variant(config, variant_dir, budget_gpu_hours, evaluations)]
-    if (variant_dir / SUMMARY).exists():
+    if (variant_dir / SUMMARY_FILE).exists():
         raise FileExistsError(f"{variant_dir} holds a single-seed run; delete it or choose a new --out for --seeds")
     plans, estimate = [], None
     for seed in seeds:
@@ -256,9 +256,9 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
 
 
     def run_dirs(variant_dir: Path) -> list[Path]:
-        if (variant_dir / SUMMARY).is_file():
+        if (variant_dir / SUMMARY_FILE).is_file():
             return [variant_dir]
-        seeded = [p for p in variant_dir.glob("seed-*") if (p / SUMMARY).is_file() and p.name[5:].isdigit()]
+        seeded = [p for p in variant_dir.glob("seed-*") if (p / SUMMARY_FILE).is_file() and p.name[5:].isdigit()]
         return sorted(seeded, key=lambda p: int(p.name[5:]))
 
     names = list(names) if names else sorted(p.name for p in runs_dir.iterdir() if p.is_dir() and run_dirs(p))
@@ -269,10 +269,10 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
             raise FileNotFoundError(f"no finished run (summary.json) in {runs_dir / name} or its seed-* folders")
         results[name], estimate = [], None
         for run_dir in dirs:
-            summary = json.loads((run_dir / SUMMARY).read_text())
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
             config = validate(from_dict(summary["config"]))
             if estimate is None:
-                estimate = recorded_estimate(config, summary, run_dir / SUMMARY) if "flops_per_sample" in summary \
+                estimate = recorded_estimate(config, summary, run_dir / SUMMARY_FILE) if "flops_per_sample" in summary \
                     else modeled_iteration_hours(config)
             results[name].append({"config": config, "estimate": estimate, "run_dir": run_dir, "reused": True,
                                   "seed": config.seed, "summary": summary,
@@ -294,7 +294,7 @@ def run_variant(name: str, plan: dict, log: Callable[[str], None]) -> dict:
         keeper = _EvaluationImages(run_dir, load_file(str(run_dir / EVAL_IMAGES)) if plan.get("resume") else None)
         run_training(sized, run_dir, log=lambda line: log(f"  {name:14s} {line}"), observers=[keeper],
                      resume=bool(plan.get("resume")))
-    summary = json.loads((run_dir / SUMMARY).read_text())
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     return {**plan, "summary": summary, "images": load_file(str(run_dir / EVAL_IMAGES))}
 
 
@@ -580,7 +580,7 @@ def write_outputs(report: dict, results: dict, out_dir: Path) -> None:
     plot_curves(report, out_dir / "compare.png")
     # One image per prompt per variant keeps the grid readable: the first seed's runs.
     first_seed = {name: seed_runs(result)[0] for name, result in results.items()}
-    report["grid"] = sample_grid(first_seed, out_dir / "samples_grid.png")
+    report["grid"] = plot_base_and_final_samples(first_seed, out_dir / "samples_grid.png")
     report["grid_run_seed"] = next(iter(first_seed.values()))["seed"]
     report["files"] = {"plot": "compare.png", "table": "compare.md", "grid": "samples_grid.png"}
     write_json(out_dir / "compare.json", report)
@@ -648,7 +648,7 @@ def _plot_mean(axis, hours: list[float], values: list[float], ses: list[float | 
                           color=colour, alpha=0.18, linewidth=0)
 
 
-def sample_grid(results: dict, path: Path, rows: int = GRID_PROMPTS) -> list[dict]:
+def plot_base_and_final_samples(results: dict, path: Path, rows: int = GRID_PROMPTS) -> list[dict]:
     """The same evaluation prompts and seeds drawn by the base model and by each variant's final
     policy, side by side, with every image's rewards; returns those rewards."""
     from solrl_core.prompts import evaluation_prompts

@@ -19,10 +19,7 @@ from solrl_core.distributed import current as current_world
 from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
                                    restore, rewind_outputs, save_checkpoint)
 from solrl_core.config import Config, to_dict
-from solrl_core.ledger import LEDGER_FILE as LEDGER
-from solrl_core.ledger import LORA_FILE as LORA
-from solrl_core.ledger import METRICS_FILE as METRICS
-from solrl_core.ledger import SUMMARY_FILE as SUMMARY
+from solrl_core.ledger import LEDGER_FILE, LORA_FILE, METRICS_FILE, SUMMARY_FILE
 from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_frame, write_json
 from solrl_core.models.adapters import EMA, adapter_state
 from solrl_core.rewards.registry import finite_mean
@@ -82,7 +79,7 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     # Under torchrun: every rank's groups, so rank 0 writes what one process would.
     drafts, selection, rollout, report, fidelity = stages.whole_iteration(drafts, selection, rollout, report, fidelity)
     if current_world().is_main:
-        append_ledger(out_dir / LEDGER, _iteration_ledger_frame(drafts, selection, rollout, report))
+        append_ledger(out_dir / LEDGER_FILE, _iteration_ledger_frame(drafts, selection, rollout, report))
     faults.point("ledger")
     # Modeled GPU-hours from FLOPs counted on the real model (SPEC §9), measured ones on CUDA.
     compute = state.accountant.iteration(
@@ -189,8 +186,8 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
             evaluations.append({"iteration": iteration, **evaluation})
     summary = _summary(state, out_dir, evaluations, time.perf_counter() - started, checkpoint)
     if main:
-        save_adapters(out_dir / LORA, state)
-        write_json(out_dir / SUMMARY, summary)
+        save_adapters(out_dir / LORA_FILE, state)
+        write_json(out_dir / SUMMARY_FILE, summary)
     for observer in observers:
         observer.on_end(summary)
     return summary
@@ -227,7 +224,7 @@ def _train_one(state, iteration: int, out_dir: Path, runner, observers, log: Cal
     for warning in (alarms.drift_warning(metrics["alarms"], state), alarms.hacking_warning(metrics["alarms"])):
         if warning:
             log(warning)
-    append_jsonl(out_dir / METRICS, metrics)
+    append_jsonl(out_dir / METRICS_FILE, metrics)
     for observer in observers:
         observer.on_iteration(metrics)
     log(_iteration_line(metrics))
@@ -252,7 +249,7 @@ def _summary(state, out_dir: Path, evaluations: list[dict], seconds: float, chec
         "flops_per_sample": sample_flops(state).to_record(),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
         # The sample grids too (when written), so the closing table says where the pictures are.
-        "outputs": {name: str(out_dir / name) for name in (LEDGER, METRICS, SUMMARY, LORA, CHECKPOINT, *GRIDS)
+        "outputs": {name: str(out_dir / name) for name in (LEDGER_FILE, METRICS_FILE, SUMMARY_FILE, LORA_FILE, CHECKPOINT, *GRIDS)
                     if name not in GRIDS or (out_dir / name).exists()},
         "config": to_dict(config),
     }
