@@ -453,10 +453,16 @@ def test_params_yaml_overrides_resolve_as_the_dvc_stages_pass_them(capsys):
     from pathlib import Path
 
     params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-    pairs = {"model.path": params["model"]["path"], "seed": params["seed"],
-             "prompts_per_iteration": params["prompts_per_iteration"], "explore.steps": params["explore"]["steps"],
-             "regenerate.steps": params["regenerate"]["steps"], "eval.prompts": params["eval"]["prompts"],
-             "eval.steps": params["eval"]["steps"], "progress": False}
+
+    def dotted(mapping, prefix=""):
+        for key, value in mapping.items():
+            if isinstance(value, dict):
+                yield from dotted(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    # The shared settings (the fidelity stage renders them into -S flags) and the fidelity seed.
+    pairs = {**dict(dotted(params["settings"])), "seed": params["fidelity"]["seed"], "progress": False}
     for family, sizes in params["families"].items():
         texts = [f"{key}={dvc_to_str(value)}" for key, value in {**pairs, **sizes}.items()]
         argv = ["config", "--preset", params["preset"], "--family", family]
