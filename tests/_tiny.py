@@ -251,3 +251,11 @@ def save_imagereward(folder: Path) -> Path:
         state.update({prefix + k: v for k, v in module.state_dict().items()})
     torch.save(state, folder / "ImageReward.pt")
     return folder
+
+
+def save_reward_models(root: Path) -> dict[str, Path]:
+    """A tiny random instance of each real reward model, saved in its own folder under ``root``."""
+    return {"clipscore": save_clip(root / "clipscore"),
+            "pickscore": save_clip(root / "pickscore", logit_scale=4.0),
+            "hpsv2": save_hps(root / "hpsv2"),
+            "imagereward": save_imagereward(root / "imagereward")}

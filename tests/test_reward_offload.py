@@ -28,10 +28,7 @@ def offline(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-rewards")
-    return {"clipscore": _tiny.save_clip(root / "clipscore"),
-            "pickscore": _tiny.save_clip(root / "pickscore", logit_scale=4.0),
-            "hpsv2": _tiny.save_hps(root / "hpsv2"),
-            "imagereward": _tiny.save_imagereward(root / "imagereward")}
+    return _tiny.save_reward_models(root)
 
 
 @pytest.fixture(scope="module")
