@@ -8,6 +8,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 from solrl_core.cli import QUIET_ENVIRONMENT
 
 for _key, _value in QUIET_ENVIRONMENT.items():
@@ -16,3 +18,11 @@ for _key, _value in QUIET_ENVIRONMENT.items():
 _STORE = tempfile.mkdtemp(prefix="solrl-test-mlflow-")
 atexit.register(shutil.rmtree, _STORE, ignore_errors=True)
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORE}/mlflow.db")
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_folders(tmp_path_factory):
+    """A tiny random instance of each real reward model in its own folder (built once a session)."""
+    import _tiny
+
+    return _tiny.save_reward_models(tmp_path_factory.mktemp("tiny-rewards"))

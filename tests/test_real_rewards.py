@@ -29,9 +29,8 @@ def offline(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-rewards")
-    return _tiny.save_reward_models(root)
+def folders(tiny_reward_folders):
+    return tiny_reward_folders
 
 
 @pytest.fixture(scope="module")
