@@ -202,8 +202,7 @@ def sample_flops(state) -> SampleFlops:
 def count_sample_flops(state) -> SampleFlops:
     """Count one sample's calls on the run's real policy and explorer. No randomness is drawn and no
     weight changes, so counting never alters a run; gradients it makes are cleared."""
-    # Deferred for start-up time: peft imports transformers (seconds), and config resolution
-    # imports this module for its device profiles alone.
+    # deferred: peft at import time (start-up of config resolution, which reads the device profiles here)
     from solrl_core.models.adapters import OLD, TRAINED, active_adapter
 
     policy, explorer = state.policy, state.explorer

@@ -19,6 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from solrl_core.accounting import backend_precision
+from solrl_core.models.adapters import OLD
+from solrl_core.quant.explorer import build_explorer
+
 
 def observe_drift(state, fidelity: float | None) -> dict:
     """Update the run's drift state with one iteration's online fidelity; the metrics record."""
@@ -62,10 +66,6 @@ def restore_drift(state, history: list[dict]) -> None:
 def switch_explorer(state) -> None:
     """The more faithful explorer from now on: the alarm's step count (stages.explore_steps reads
     it) and/or its backend, built and quantized from the sampling policy, charged at its precision."""
-    from solrl_core.accounting import backend_precision
-    from solrl_core.models.adapters import OLD
-    from solrl_core.quant.explorer import build_explorer
-
     config = state.config
     state.drift_switched = True
     backend = config.alarms.drift.switch_backend

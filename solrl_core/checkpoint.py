@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 import torch
 
 from solrl_core import faults
@@ -77,8 +79,7 @@ class Checkpoint:
 
 def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[str, float]) -> Path:
     """Write the checkpoint after ``next_iteration - 1`` (0: after the base evaluation)."""
-    from safetensors.torch import save_file
-
+    # deferred: peft at import time (start-up of every solrl command, which reads checkpoints' metadata)
     from solrl_core.models.adapters import adapter_state
 
     tensors = {f"{_ADAPTERS}{k}": v for k, v in adapter_state(state.policy.transformer).items()}
@@ -178,8 +179,6 @@ def line_digest(line: str) -> str:
 
 def read_metadata(out_dir: Path) -> dict:
     """The checkpoint's metadata (cheap: the tensors are not read)."""
-    from safetensors import safe_open
-
     path = out_dir / CHECKPOINT
     if not out_dir.is_dir():
         raise CheckpointError(f"cannot resume: {out_dir} is not a directory")
@@ -216,8 +215,6 @@ def require_resumable_world(out_dir: Path, world_size: int) -> None:
 
 
 def load_checkpoint(out_dir: Path) -> Checkpoint:
-    from safetensors.torch import load_file
-
     metadata = read_metadata(out_dir)
     return Checkpoint(next_iteration=metadata["next_iteration"], optimizer_steps=metadata["optimizer_steps"],
                       config=metadata["config"], base_eval=metadata["base_eval"], gpu_hours=metadata["gpu_hours"],
@@ -260,6 +257,7 @@ def resumed_run(resume: str, preset: str | None, family: str | None, iterations:
 
 def restore(state, checkpoint: Checkpoint) -> None:
     """Put the checkpointed adapters, optimizer state, counters and RNG states into a fresh run state."""
+    # deferred: peft at import time (start-up of every solrl command, as above)
     from solrl_core.models.adapters import load_adapter_state
 
     tensors = checkpoint.tensors

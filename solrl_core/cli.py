@@ -16,8 +16,9 @@ import contextlib
 import functools
 import os
 import sys
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from solrl_core import distributed
@@ -174,8 +175,6 @@ def _run_one_process(args: argparse.Namespace, config, out_dir: Path, runners: F
         raise
     except Exception as failure:  # noqa: BLE001 - a stage failing past its retries, a full disk, a non-finite weight
         if os.environ.get("SOLRL_TRACEBACK"):  # for bug reports: the full story on stderr
-            import traceback
-
             traceback.print_exception(failure)
         raise RunFailed(_failure_line(failure, out_dir)) from None
     print_summary(summary)
@@ -225,7 +224,7 @@ def _run_as_rank(args, world, config, out_dir: Path, runners: FlowRunners | None
         with distributed.process_group(world, resolve_device(config.model.device).type, timeout):
             if world.is_main:
                 return _run_main_rank(args, config, out_dir, runners)
-            # Deferred for start-up time: the training loop imports peft and transformers (seconds).
+            # deferred: peft and transformers at import time (start-up of every solrl command)
             from solrl_core.training import run_training
 
             run_training(config, out_dir, log=lambda line: None, resume=bool(args.resume))
@@ -234,8 +233,6 @@ def _run_as_rank(args, world, config, out_dir: Path, runners: FlowRunners | None
         raise
     except Exception as failure:  # noqa: BLE001 - a peer that died or hung, a stage that failed
         if os.environ.get("SOLRL_TRACEBACK"):
-            import traceback
-
             traceback.print_exception(failure)
         if world.is_main:
             raise RunFailed(_failure_line(failure, out_dir)) from None
@@ -305,8 +302,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} ({getattr(args, name)}) must be >= 1")
     out = output_path(args.out, "--out", directory=False, kind="checkpoint file") if args.out else None
-    from dataclasses import replace
-
+    # deferred: diffusers at import time (start-up of every solrl command)
     from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain
 
     chosen = {name: getattr(args, name) for name in ("steps", "heads", "seed") if getattr(args, name) is not None}

@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
+import traceback
 from pathlib import Path
 
+import torch
+
+from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
+from solrl_core.accounting import DEVICE_PROFILES
+from solrl_core.adaptive import schedule_problem
 from solrl_core.command_errors import RunFailed
 from solrl_core.config import MAX_COUNT, ConfigError, parse_override
+from solrl_core.fidelity import FidelityPlan, format_result, parse_schedules, plot_fidelity, run_fidelity
+from solrl_core.models.loading import ModelFilesMissing
+from solrl_core.presets import FAMILIES, PRESETS, resolve_config
+from solrl_core.quant.explorer import BACKENDS, build_explorer
+from solrl_core.recost import check_also_profiles
 
 # The reports `--readme-only` builds the page from; with none of them there is nothing to show.
 REPORTS = ("compare.json", "fidelity.json", "ablation-*/compare.json", "benchmarks/*.json")
 
 
 def add_study_commands(commands) -> None:
-    from solrl_core.ablations import ABLATIONS
-    from solrl_core.presets import FAMILIES, PRESETS
-
     fidelity = commands.add_parser("fidelity", help="ranking fidelity of the explorer against full precision")
     fidelity.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
     fidelity.add_argument("--prompts", type=int, default=64, help="held-out prompts (default 64)")
@@ -107,8 +116,6 @@ def _seed_list(text: str | None) -> list[int] | None:
 
 def _profile_list(text: str | None) -> list[str] | None:
     """``--also-profile``: None is the default choice; ``none`` re-costs under no other profile."""
-    from solrl_core.accounting import DEVICE_PROFILES
-
     if text is None:
         return None
     if text.strip() == "none":
@@ -142,17 +149,11 @@ def output_path(text: str, flag: str, directory: bool, kind: str | None = None) 
 
 
 def _resolve(preset: str, family: str, overrides: list[tuple]):
-    from solrl_core.presets import resolve_config
-
     return resolve_config(preset, family, overrides)
 
 
 def _check_backends_available(backends: list[str]) -> None:
     """A backend this machine cannot run (te-nvfp4 off Blackwell) stops before any sampling."""
-    import torch
-
-    from solrl_core.quant.explorer import build_explorer
-
     for backend in backends:
         try:
             build_explorer(torch.nn.Sequential(), backend, [], 0)
@@ -160,15 +161,7 @@ def _check_backends_available(backends: list[str]) -> None:
             raise ConfigError(str(error)) from None
 
 
-def _model_errors():
-    from solrl_core.models.loading import ModelFilesMissing
-
-    return ModelFilesMissing
-
-
 def command_fidelity(args: argparse.Namespace) -> int:
-    from solrl_core.quant.explorer import BACKENDS
-
     one_value_each(args)
     steps = _int_list(args.explore_steps, "--explore-steps")
     backends = _name_list(args.backend, "--backend", BACKENDS)
@@ -182,15 +175,11 @@ def command_fidelity(args: argparse.Namespace) -> int:
     overrides = [parse_override(text) for text in args.overrides]
     config = _resolve(args.preset, "sol_rl", overrides)
     _check_backends_available(backends)
-    # Imported once the arguments are known to be good: in a fresh process the sampling stack's
-    # imports print warnings, which must not precede a one-line error.
-    from solrl_core.fidelity import FidelityPlan, format_result, plot_fidelity, run_fidelity
-
     plan = FidelityPlan(prompts=args.prompts, pool=args.pool, explore_steps=tuple(steps), backends=tuple(backends),
                         schedules=schedules, keep=keep)
     try:
         report = run_fidelity(config, plan, out=out)
-    except _model_errors() as missing:
+    except ModelFilesMissing as missing:
         raise ConfigError(str(missing)) from None
     plot_fidelity(report, out.with_suffix(".png"))
     print(f"full precision ({report['full_precision']['steps']} steps): mean reward "
@@ -206,9 +195,6 @@ def command_fidelity(args: argparse.Namespace) -> int:
 
 def _schedules(text: str | None, pool: int, keep: int, steps: list[int]) -> tuple:
     """``--adaptive``: schedules that fit --pool and --keep at one of --explore-steps at least."""
-    from solrl_core.adaptive import schedule_problem
-    from solrl_core.fidelity import parse_schedules
-
     if text is None:
         return ()
     try:
@@ -223,9 +209,6 @@ def _schedules(text: str | None, pool: int, keep: int, steps: list[int]) -> tupl
 
 
 def command_compare(args: argparse.Namespace) -> int:
-    from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
-    from solrl_core.presets import FAMILIES
-
     one_value_each(args)
     out = output_path(args.out, "--out", directory=True)
     if args.readme_only:
@@ -233,6 +216,7 @@ def command_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--out {out} does not exist; run the comparison first")
         if not any(any(out.glob(pattern)) for pattern in REPORTS):
             raise ConfigError(f"--out {out} holds none of {', '.join(REPORTS)}; run the comparison first")
+        # deferred: peft and transformers at import time (start-up of every solrl command)
         from solrl_core.report_readme import write_readme
 
         print(f"wrote {write_readme(out)}")
@@ -255,19 +239,18 @@ def command_compare(args: argparse.Namespace) -> int:
     else:
         variants = {family: _resolve(args.preset, family, overrides)
                     for family in _name_list(args.families, "--families", FAMILIES)}
-    from solrl_core.recost import check_also_profiles
-
     check_also_profiles(variants, also_profiles)  # a profile that cannot cost an explorer stops here
     command = _command_line(args)
     # Imported once the arguments are known to be good: in a fresh process the training stack's
     # imports (torchao) print warnings, which must not precede a one-line error.
+    # deferred: peft and transformers at import time (start-up of every solrl command)
     from solrl_core.compare import run_comparison
     from solrl_core.report_readme import write_readme
 
     try:
         report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command, seeds=seeds,
                                 also_profiles=also_profiles)
-    except _model_errors() as missing:
+    except ModelFilesMissing as missing:
         raise ConfigError(str(missing)) from None
     except FileExistsError as error:
         raise ConfigError(str(error)) from None
@@ -276,7 +259,7 @@ def command_compare(args: argparse.Namespace) -> int:
     except Exception as failure:  # noqa: BLE001 - a run failing part way: one line, and how to go on
         raise _comparison_failed(failure) from None
     print((out / "compare.md").read_text(encoding="utf-8"), end="")
-    from solrl_core.compare import ADAPTIVE, BASELINE, CANDIDATE
+    from solrl_core.compare import ADAPTIVE, BASELINE, CANDIDATE  # deferred: peft at import time (as above)
 
     for name in (CANDIDATE, ADAPTIVE):
         for profile, entry in report.get("speedups_by_family", {}).get(name, {}).items():
@@ -291,11 +274,7 @@ def command_compare(args: argparse.Namespace) -> int:
 def _comparison_failed(failure: Exception) -> Exception:
     """A run of the comparison failed: one line (the full traceback with SOLRL_TRACEBACK=1) saying
     that the same command goes on from there, reusing finished runs and resuming the stopped one."""
-    import os
-
     if os.environ.get("SOLRL_TRACEBACK"):
-        import traceback
-
         traceback.print_exception(failure)
     what = f"{type(failure).__name__}: {failure}".splitlines()[0]
     return RunFailed(f"compare failed: {what}; run the same command again: finished runs are reused and a "

@@ -21,19 +21,24 @@ from __future__ import annotations
 import copy
 import json
 import math
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from solrl_core import seed_stats
-from solrl_core.accounting import SampleFlops, iteration_hours
+from solrl_core.accounting import MEASURED_STEP_COST, SampleFlops, iteration_hours
+from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
 from solrl_core.config import Config, from_dict, set_key, to_dict
-from solrl_core.ledger import METRICS_FILE, SUMMARY_FILE, write_json
+from solrl_core.ledger import METRICS_FILE, SUMMARY_FILE, atomic_write, write_json
 from solrl_core.mappings import changed_settings
 from solrl_core.presets import validate
+from solrl_core.prompts import evaluation_prompts
 from solrl_core.recost import check_also_profiles, recosted_hours
+from solrl_core.rewards.registry import RewardSet
 from solrl_core.stages import modeled_iteration_hours
 from solrl_core.training import RunObserver, run_training
 
@@ -143,10 +148,6 @@ class _EvaluationImages(RunObserver):
         self.images: dict[str, torch.Tensor] = dict(images or {})
 
     def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None:
-        from safetensors.torch import save_file
-
-        from solrl_core.ledger import atomic_write
-
         self.images["base" if iteration < 0 else "final"] = images.detach().cpu().float().contiguous()
         kept = dict(self.images)
         atomic_write(self.run_dir / EVAL_IMAGES, lambda temporary: save_file(kept, temporary))
@@ -206,8 +207,6 @@ def recorded_estimate(config: Config, summary: dict, summary_path: Path) -> dict
 def interrupted_run_of(run_dir: Path, sized: Config) -> bool:
     """Whether ``run_dir`` holds this very config's run, stopped after a checkpoint: then it is
     resumed (bit-exactly, as ``solrl run --resume``), so a stop costs at most one iteration."""
-    from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
-
     if not (run_dir / CHECKPOINT).is_file() or not (run_dir / EVAL_IMAGES).is_file():
         return False
     try:
@@ -252,8 +251,6 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
     ``<name>/seed-<s>/summary.json`` (seeds in ascending order), with their estimates and images.
     The estimates come from the FLOPs per sample each summary recorded: no model is loaded. A
     summary written before they were recorded has them counted again, on the loaded model."""
-    from safetensors.torch import load_file
-
 
     def run_dirs(variant_dir: Path) -> list[Path]:
         if (variant_dir / SUMMARY_FILE).is_file():
@@ -282,8 +279,6 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
 
 def run_variant(name: str, plan: dict, log: Callable[[str], None]) -> dict:
     """Train one sized variant (or read back its finished run) and load its evaluation images."""
-    from safetensors.torch import load_file
-
     sized, run_dir = plan["config"], plan["run_dir"]
     if plan["reused"]:
         log(f"compare: {name}: reusing the finished run in {run_dir}")
@@ -427,8 +422,6 @@ def seed_mean_points(seed_points: list[list[dict]]) -> list[dict]:
 
 def profile_basis(device: str, utilization: float) -> str:
     """How GPU-hours are modeled under ``device``, in words for the report."""
-    from solrl_core.accounting import MEASURED_STEP_COST
-
     measured = MEASURED_STEP_COST.get(device)
     if measured:
         shares = ", ".join(f"an explorer step at {precision.upper()} charged {share:g} of its FLOPs at BF16"
@@ -552,9 +545,6 @@ def final_reward_spread(results: dict, config: Config) -> dict:
     """The final evaluation's trained reward per image: each variant's mean and standard error, and
     paired differences (same prompts and seeds) between the families, to read gaps against noise.
     This is evaluation noise only; the spread across run seeds is in ``seed_statistics``."""
-    from solrl_core.prompts import evaluation_prompts
-    from solrl_core.rewards.registry import RewardSet
-
     prompts = [p for p in evaluation_prompts(config) for _ in range(config.eval.seeds_per_prompt)]
     scorer = RewardSet(config.rewards, paths=config.reward_paths)
     # With several run seeds, each evaluation image's reward is its mean over the seeds' runs.
@@ -588,10 +578,11 @@ def write_outputs(report: dict, results: dict, out_dir: Path) -> None:
 
 
 def _pyplot():
+    # deferred: matplotlib at import time (start-up of every comparison, which plots only at its end)
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib at import time (after the backend is chosen)
 
     return plt
 
@@ -651,9 +642,6 @@ def _plot_mean(axis, hours: list[float], values: list[float], ses: list[float | 
 def plot_base_and_final_samples(results: dict, path: Path, rows: int = GRID_PROMPTS) -> list[dict]:
     """The same evaluation prompts and seeds drawn by the base model and by each variant's final
     policy, side by side, with every image's rewards; returns those rewards."""
-    from solrl_core.prompts import evaluation_prompts
-    from solrl_core.rewards.registry import RewardSet
-
     plt = _pyplot()
     first = next(iter(results.values()))
     config = first["config"]
@@ -694,8 +682,6 @@ def _short(reward: str) -> str:
 
 
 def _wrap(text: str, width: int) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -139,8 +140,6 @@ def check_rendezvous(endpoint: str, hosts_store: bool, timeout_s: float) -> None
     """Refuse, before torchrun starts, a rendezvous address this node cannot use: a name that does
     not resolve; on the node that hosts the store, an address not of this machine; elsewhere, an
     address nothing answers on within ``timeout_s`` (the host node may start a little later)."""
-    import time
-
     host, port = split_endpoint(endpoint)
     try:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}

@@ -11,6 +11,7 @@ ties and NaNs are treated exactly as in training.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -19,7 +20,14 @@ from pathlib import Path
 
 import torch
 
+from solrl_core.accounting import DeviceModel, backend_precision, count_sample_flops, profile_problem, scoring_flops
+from solrl_core.adaptive import schedule_problem
 from solrl_core.config import Config, to_dict
+from solrl_core.ledger import write_json
+from solrl_core.prompts import evaluation_prompts
+from solrl_core.quant.explorer import build_explorer
+from solrl_core.rewards.registry import finite_mean
+from solrl_core.seeds import derive_seed
 from solrl_core.selection import average_ranks, kendall_tau, rank_order, spearman
 
 TOP_K = (4, 8, 12)
@@ -155,8 +163,6 @@ def rollout_cost(state, counts, backend: str, device: str, pool: int, keep: int,
     """One group's modeled rollout (explore + scoring of intermediate drafts + regeneration of the
     kept) against naive scaling (pool x T_train at full precision), on ``device``'s profile; the
     stage costs in BF16 policy sample-steps. None when the profile cannot model the backend."""
-    from solrl_core.accounting import DeviceModel, backend_precision, profile_problem, scoring_flops
-
     if profile_problem(device, backend) is not None:
         return None
     model = DeviceModel(device, state.config.accounting.utilization, backend_precision(backend, device))
@@ -174,8 +180,6 @@ def rollout_cost(state, counts, backend: str, device: str, pool: int, keep: int,
 
 def explorer_counts(state, explorer):
     """The per-sample FLOPs with ``explorer`` as the run's explorer (counted, nothing changes)."""
-    from solrl_core.accounting import count_sample_flops
-
     saved, state.explorer = state.explorer, explorer
     try:
         return count_sample_flops(state)
@@ -184,16 +188,12 @@ def explorer_counts(state, explorer):
 
 
 def fidelity_seeds(run_seed: int, prompt_index: int, pool: int) -> list[int]:
-    from solrl_core.seeds import derive_seed
-
     return [derive_seed(run_seed, "fidelity", prompt_index * pool + i) for i in range(pool)]
 
 
 def model_fingerprint(module: torch.nn.Module) -> str:
     """A cheap digest of a model's weights (name, shape, sum and absolute sum of each tensor): a
     retrained checkpoint gets a new one, so a study never reuses another model's truth."""
-    import hashlib
-
     digest = hashlib.blake2b(digest_size=12)
     with torch.no_grad():
         for name, tensor in module.state_dict().items():
@@ -212,13 +212,9 @@ def run_fidelity(config: Config, plan: FidelityPlan, out: Path | None = None,
     of the same model, prompts, seeds and truth, its truth and its results are reused: a second
     call resumes an interrupted study or adds (backend, steps) pairs without sampling the truth again.
     """
+    # deferred: peft and transformers at import time (start-up of every solrl command: the CLI imports this module)
     from solrl_core import stages
-    from solrl_core.ledger import write_json
     from solrl_core.models.adapters import OLD
-    from solrl_core.prompts import evaluation_prompts
-    from solrl_core.adaptive import schedule_problem
-    from solrl_core.quant.explorer import build_explorer
-    from solrl_core.rewards.registry import finite_mean
 
     started = time.perf_counter()
     # Held-out prompts (the evaluation split): the study never looks at what RL trains on.
@@ -345,10 +341,11 @@ def _fmt(value: float | None) -> str:
 
 def plot_fidelity(report: dict, path: Path) -> None:
     """Spearman and top-12 precision against explore steps, one line per backend."""
+    # deferred: matplotlib at import time (start-up of every solrl command)
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib at import time (after the backend is chosen)
 
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     backends = list(dict.fromkeys(r["backend"] for r in report["results"]))

@@ -61,7 +61,7 @@ def path_kind(path: Path | None) -> str:
 
 def cached_snapshot(repo_id: str) -> Path | None:
     """The repo's folder in the local Hugging Face cache, or None; never touches the network."""
-    # Deferred for start-up time: huggingface_hub is only needed once a real model is looked up.
+    # deferred: huggingface_hub at import time (start-up of every solrl command; used once a real model is looked up)
     from huggingface_hub import snapshot_download
 
     try:

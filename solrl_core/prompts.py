@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from solrl_core.config import Config, ConfigError
+from solrl_core.world.captions import held_out_prompts
+from solrl_core.world.captions import training_prompts as world_training_prompts
 
 WORLD_PROMPT_SEED = 7  # the generated prompt sets are part of the world, not of a run
 
@@ -12,16 +15,12 @@ WORLD_PROMPT_SEED = 7  # the generated prompt sets are part of the world, not of
 def training_prompts(config: Config) -> list[str]:
     if config.prompts.train_file:
         return read_prompt_file(config.prompts.train_file, "prompts.train_file")
-    from solrl_core.world.captions import training_prompts as world_training
-
-    return world_training(config.prompts.train_pool, WORLD_PROMPT_SEED)
+    return world_training_prompts(config.prompts.train_pool, WORLD_PROMPT_SEED)
 
 
 def evaluation_prompts(config: Config) -> list[str]:
     if config.prompts.eval_file:
         return read_prompt_file(config.prompts.eval_file, "prompts.eval_file")[: config.eval.prompts]
-    from solrl_core.world.captions import held_out_prompts
-
     return held_out_prompts(config.eval.prompts, WORLD_PROMPT_SEED)
 
 
@@ -50,8 +49,6 @@ def check_prompt_files(config: Config) -> None:
 
 
 def _check_grammar(file: Path, lines: list[tuple[int, str]], key: str, reward: str) -> None:
-    import importlib
-
     module, parser, expected = PROMPT_GRAMMARS[reward]
     parse = getattr(importlib.import_module(module), parser)
     for number, prompt in lines:

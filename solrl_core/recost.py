@@ -13,7 +13,9 @@ import copy
 import json
 from pathlib import Path
 
+from solrl_core.accounting import TRAINING_STAGES, Flops, device_model, profile_problem, stage_hours
 from solrl_core.config import Config, ConfigError
+from solrl_core.ledger import METRICS_FILE
 
 
 def default_also_profiles(device: str) -> list[str]:
@@ -25,8 +27,6 @@ def default_also_profiles(device: str) -> list[str]:
 def check_also_profiles(variants: dict[str, Config], profiles: list[str] | None) -> list[str]:
     """The profiles to re-cost under (the runs' own left out); one that cannot cost a variant's
     explorer (an unknown name, FP4 on Hopper) is a ConfigError before anything trains."""
-    from solrl_core.accounting import profile_problem
-
     first = next(iter(variants.values()))
     chosen = default_also_profiles(first.accounting.device) if profiles is None else profiles
     chosen = [profile for profile in dict.fromkeys(chosen) if profile != first.accounting.device]
@@ -52,9 +52,6 @@ def recosted_hours(run_dir: Path, config: Config, estimate: dict, device: str) -
     have a low-precision part; its share is the run's per-sample one (``estimate``), which a
     calibrated profile (a share of the same FLOPs at BF16) does not even need. The base is at 0.
     """
-    from solrl_core.accounting import TRAINING_STAGES, Flops, device_model, stage_hours
-    from solrl_core.ledger import METRICS_FILE
-
     model = device_model(on_profile(config, device))
     per_sample = estimate["flops_per_sample"]
     low_share = (per_sample["explorer_forward_low_precision"] / per_sample["explorer_forward"]

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from solrl_core import distributed, faults
+from solrl_core import adaptive, distributed, faults
 from solrl_core.accounting import Accountant, iteration_hours, sample_flops
 from solrl_core.distributed import current as current_world
 from solrl_core.checkpoint import NonFiniteState
@@ -24,7 +25,7 @@ from solrl_core.progress import progress
 from solrl_core.quant.backends import check_runs_here
 from solrl_core.quant.explorer import Explorer, build_explorer
 from solrl_core.rewards.registry import RewardFailure, RewardScores, RewardSet, finite_mean
-from solrl_core.sampling import sample
+from solrl_core.sampling import sample, sigma_grid
 from solrl_core.seeds import batch_noise, derive_seed, draw_seeds, noise_from_seed
 from solrl_core.selection import select_extremes, spearman
 from solrl_core.prompts import evaluation_prompts, training_prompts
@@ -208,9 +209,6 @@ def explore_adaptively(state: RunState, flat_prompts: list[str], seeds: list[int
                        explorer: Explorer | None) -> tuple[RewardScores, torch.Tensor, dict]:
     """Groups of ``pool`` rows pruned on intermediate drafts (solrl_core.adaptive) with the
     sampling policy under ``explorer``; scores NaN where pruned. Also used by solrl fidelity."""
-    from solrl_core import adaptive
-    from solrl_core.sampling import sigma_grid
-
     config, policy, names = state.config, state.policy, list(state.config.rewards)
 
     def noise_of(rows: list[int]) -> torch.Tensor:
@@ -331,8 +329,6 @@ def _sample_seeds(state: RunState, prompts: list[str], seeds: list[int], steps: 
 
 
 def _explorer_active(explorer: Explorer | None, policy: FlowPolicy):
-    from contextlib import nullcontext
-
     return explorer.active(policy.transformer) if explorer is not None else nullcontext()
 
 

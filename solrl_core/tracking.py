@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torchvision.utils import make_grid
 
 from solrl_core.config import Config, to_dict
 from solrl_core.ledger import write_json
@@ -87,9 +88,9 @@ class MlflowObserver(RunObserver):
     # -- RunObserver hooks -------------------------------------------------------------------
 
     def on_start(self, config: Config, out_dir: Path) -> None:
-        from mlflow.entities import Param, RunTag
-
+        # deferred: mlflow at import time (start-up of importers of the helpers alone, e.g. flatten_metrics)
         from mlflow import MlflowClient
+        from mlflow.entities import Param, RunTag
 
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.config, self.out_dir = config, out_dir
@@ -108,9 +109,9 @@ class MlflowObserver(RunObserver):
     def on_resume(self, config: Config, out_dir: Path, base_eval: dict[str, float], history: list[dict]) -> None:
         """Reopen the run's MLflow run when this store has it; otherwise start a new run and log
         the history to it, so either way one run holds the whole curve."""
-        from mlflow.entities import RunTag
-
+        # deferred: mlflow at import time (as in on_start)
         from mlflow import MlflowClient
+        from mlflow.entities import RunTag
 
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.config, self.out_dir = config, out_dir
@@ -171,9 +172,7 @@ class MlflowObserver(RunObserver):
         self._curve.append({"step": step, **values, **{f"eval/{k}": v for k, v in metrics.get("eval", {}).items()}})
 
     def on_end(self, summary: dict) -> None:
-        from mlflow.entities import RunTag
-
-        from mlflow.entities import Param
+        from mlflow.entities import Param, RunTag  # deferred: mlflow at import time (as in on_start)
 
         if "explore_backend" in summary:  # explore.backend=auto as this machine resolved it
             self.client.log_batch(self.run_id, params=[Param("explore.backend_resolved", summary["explore_backend"])])
@@ -215,7 +214,7 @@ class MlflowObserver(RunObserver):
         return self.client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
 
     def _log_metrics(self, values: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # deferred: mlflow at import time (as in on_start)
 
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, step) for key, value in values.items()
@@ -298,8 +297,6 @@ def base_checkpoint(config: Config) -> Path | None:
 def eval_image_grid(images: torch.Tensor, config: Config, max_width: int = 1600):
     """The evaluation images as one uint8 HxWx3 array, laid out as ``samples_*.png``, enlarged
     (nearest neighbour) so small images stay visible in the UI."""
-    from torchvision.utils import make_grid
-
     columns = min(images.shape[0], config.eval.seeds_per_prompt * 8)
     grid = make_grid(images.float().clamp(0, 1), nrow=columns, padding=1, pad_value=1.0)
     scale = max(1, min(8, max_width // grid.shape[-1]))
@@ -310,10 +307,11 @@ def eval_image_grid(images: torch.Tensor, config: Config, max_width: int = 1600)
 
 def reward_figure(curve: list[dict], x_axis: str):
     """Evaluation rewards (solid, markers) and training rewards (dashed) against GPU-hours."""
+    # deferred: matplotlib at import time (start-up of every tracked run, which draws this figure at its end)
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib at import time (after the backend is chosen)
 
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
     names = sorted({key for point in curve for key in point if key.startswith("eval/")})

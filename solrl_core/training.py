@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+from torchvision.utils import save_image
 
 from solrl_core import alarms, distributed, faults, stages
 from solrl_core.accounting import sample_flops
@@ -273,8 +275,6 @@ def _evaluate(state, runner, observers, grid_path: Path, iteration: int, adapter
 
 def save_adapters(path: Path, state: stages.RunState) -> None:
     """The LoRA adapters as safetensors, written to a temporary name and renamed into place."""
-    from safetensors.torch import save_file
-
     tensors = adapter_state(state.policy.transformer)
     require_finite(tensors)
     atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata={"preset": state.config.preset,
@@ -283,8 +283,6 @@ def save_adapters(path: Path, state: stages.RunState) -> None:
 
 def save_grid(path: Path, images: torch.Tensor, config: Config) -> None:
     """Evaluation samples as one PNG: a row per prompt, a column per seed."""
-    from torchvision.utils import save_image
-
     save_image(images, str(path), nrow=config.eval.seeds_per_prompt * 8, padding=1)
 
 

@@ -76,6 +76,7 @@ def _missing_parts(directory: Path, components: Sequence[str]) -> list[str]:
 
 def load_pipeline(model: PipelineModel, directory: Path, dtype: torch.dtype):
     """The pipeline from local files only, every component in ``dtype``; tokenizers checked."""
+    # deferred: diffusers at import time (start-up of every solrl command: validation reads the model registry)
     import diffusers
 
     pipeline_class = getattr(diffusers, model.pipeline)

@@ -12,9 +12,11 @@ tiny instance whose actual tensors can be measured against it (tests/test_real_m
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solrl_core.models.registry import MODELS
 from solrl_core.presets import PAPER_DEFAULTS
@@ -111,7 +113,7 @@ FLUX_DEV_CONFIG = {
 
 def flux_dev_weight_memory(storage: str = "nvfp4-packed") -> WeightMemory:
     """The modeled figure for FLUX.1-dev with the flux-* presets' LoRA and quantization settings."""
-    # Deferred for start-up time: diffusers costs seconds, and only this figure needs it.
+    # deferred: diffusers at import time (start-up of the memory model; only this figure needs it)
     from diffusers import FluxTransformer2DModel
 
     settings = MODELS["flux"].preset.settings
@@ -195,8 +197,6 @@ def flux_dev_run_peak(backend: str = "fp8", resolution: int = 512, explore_chunk
 def saved_activation_bytes(model: torch.nn.Module, forward) -> int:
     """Bytes autograd saves for backward while ``forward()`` runs (with flash attention, as on a
     GPU), weights and buffers excluded: the measured side of TRAIN_SAVED."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
 
@@ -215,11 +215,10 @@ def tiny_flux_train_coefficient(heads: int = 4, head_dim: int = 32, image_tokens
                                 batch: int = 2, rank: int = 8) -> float:
     """Measured TRAIN_SAVED: saved bytes of a tiny FLUX (2 double + 4 single blocks, fp32, LoRA on
     the attention) per token, hidden unit, block and sample, in elements."""
-    import warnings
-
+    # deferred: diffusers and peft at import time (start-up of the memory model; only this measurement needs them)
     from diffusers import FluxTransformer2DModel
 
-    from solrl_core.models.adapters import attach_adapters
+    from solrl_core.models.adapters import attach_adapters  # deferred: peft at import time (as above)
 
     torch.manual_seed(0)
     double, single = 2, 4

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from solrl_core.config import Config, ModelConfig
+from solrl_core.local_files import local_path, path_kind
 from solrl_core.models.flux_dev import FLUX_DEV, load_flux
 from solrl_core.models.loading import ModelFilesMissing, PipelineModel, resolve_model_dir
 from solrl_core.models.policy import FlowPolicy
@@ -54,7 +56,7 @@ class ModelSpec:
 
 
 def _load_shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    # Deferred for start-up time: shapes_tiny imports diffusers (seconds), which validation never needs.
+    # deferred: diffusers at import time (start-up of validation, which never needs it; shapes_tiny imports it)
     from solrl_core.models.shapes_tiny import load_shapes_tiny
 
     return load_shapes_tiny(model.path, device, dtype)
@@ -160,10 +162,6 @@ def check_model_files(model: ModelConfig) -> None:
 def check_tiny_checkpoint(path: str) -> None:
     """The embedded world's checkpoint (``model.path``, else the committed one) must be one
     safetensors file with its architecture in the metadata; only the header is read."""
-    from safetensors import SafetensorError, safe_open
-
-    from solrl_core.local_files import local_path, path_kind
-
     file = local_path(path) if path else SHAPES_TINY_CHECKPOINT
     kind = path_kind(file)
     how = "give the safetensors file `solrl pretrain` writes with -S model.path=FILE (empty: the committed one)"
@@ -180,7 +178,8 @@ def check_tiny_checkpoint(path: str) -> None:
     if "architecture" not in metadata:
         raise ModelFilesMissing(f"shapes-tiny checkpoint {file} has no architecture in its metadata; {how}")
     # The weights must fit the architecture they declare (a checkpoint of another model otherwise
-    # loads only inside the run). Deferred import: diffusers costs seconds and is not needed above.
+    # loads only inside the run).
+    # deferred: diffusers at import time (start-up of validation, which needs it only here)
     from solrl_core.models.shapes_tiny import read_checkpoint
 
     read_checkpoint(file)

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import torch
 from diffusers import FluxTransformer2DModel
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from solrl_core.models.flux import make_flux_forward, pack_patches, unpack_patches
 from solrl_core.models.loading import ModelFilesMissing  # noqa: F401 - re-exported for old imports
 from solrl_core.models.policy import FlowPolicy
 from solrl_core.world import SHAPES_TINY_CHECKPOINT
+from solrl_core.world.captions import tokenize
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,6 @@ def read_checkpoint(path: Path) -> tuple[TinyArchitecture, FluxTransformer2DMode
             f"shapes-tiny checkpoint not found at {path}; it ships with the repository "
             f"(restore it with `git checkout -- {path}`) or rebuild it with `solrl pretrain`"
         )
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     how = "give a checkpoint written by `solrl pretrain` (-S model.path=FILE; empty: the committed one)"
@@ -148,8 +148,6 @@ def _strip(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Ten
 
 def shapes_policy(arch: TinyArchitecture, transformer: torch.nn.Module, text_encoder: ShapesTextEncoder,
                   device: torch.device, dtype: torch.dtype) -> FlowPolicy:
-    from solrl_core.world.captions import tokenize
-
     # Cast only when needed: diffusers warns on every dtype cast through `to()`.
     if next(transformer.parameters()).dtype != dtype:
         transformer.to(dtype=dtype)

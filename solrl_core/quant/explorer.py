@@ -45,8 +45,9 @@ def _is_quantizable_base(module: nn.Module) -> bool:
 
 
 def _is_lora_wrapped(module: nn.Module, base_test: Callable[[nn.Module], bool]) -> bool:
-    # peft is imported here, not at the top: importing this module just for BACKENDS (config
-    # validation) must stay cheap and quiet, and peft pulls in torchao, which logs warnings.
+    # Importing this module just for BACKENDS (config validation) must stay cheap and quiet, and
+    # peft pulls in torchao, which logs warnings.
+    # deferred: peft at import time (start-up of every solrl command: validation reads BACKENDS)
     from peft.tuners.lora import LoraLayer
 
     return isinstance(module, LoraLayer) and base_test(getattr(module, "base_layer", None))

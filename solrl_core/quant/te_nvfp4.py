@@ -34,8 +34,9 @@ TE_ALIGNMENT = 32
 
 
 def _import_transformer_engine():
+    # deferred: optional package transformer_engine (installed only where NVFP4 runs on Blackwell)
     import transformer_engine.pytorch as te
-    from transformer_engine.common import recipe
+    from transformer_engine.common import recipe  # deferred: optional package transformer_engine
 
     return te, recipe
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from solrl_core.local_files import ModelFilesMissing, check_tokenizer, find_folder, why_not_found
 
@@ -71,8 +72,6 @@ def reward_device() -> torch.device:
 
 def to_pil(images: torch.Tensor) -> list:
     """[B, 3, H, W] floats in [0, 1] -> RGB PIL images, rounded to 8 bits as a saved image would be."""
-    from PIL import Image
-
     pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
     return [Image.fromarray(p.permute(1, 2, 0).cpu().numpy()) for p in pixels]
 

@@ -32,6 +32,7 @@ class ClipSimilarity:
     """score_i = logit_scale.exp() * cos(image_i, prompt_i) / divisor, through CLIP's own processor."""
 
     def __init__(self, model_dir: Path, processor_dir: Path, divisor: float, label: str, offload: bool = False):
+        # deferred: transformers at import time (start-up of every solrl command: validation reads the reward registry)
         from transformers import CLIPModel, CLIPProcessor
 
         self.model = CLIPModel.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)

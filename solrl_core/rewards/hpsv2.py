@@ -37,6 +37,7 @@ def vendored_open_clip():
                                 "run `pip install --no-deps hpsv2x==1.2.0` (make install does)")
     register_package("hpsv2", list(spec.submodule_search_locations)[0])
     with timm_quietly():
+        # deferred: optional package hpsv2 (hpsv2x, installed with --no-deps; checked just above)
         from hpsv2.src import open_clip
 
     return open_clip

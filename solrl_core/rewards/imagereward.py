@@ -54,6 +54,7 @@ VIT_HEAD_WIDTH = 64  # BLIP's ViT-B (768 / 12) and ViT-L (1024 / 16)
 
 def _stub_fairscale() -> None:
     try:
+        # deferred: optional package fairscale (stubbed below when it is missing)
         import fairscale.nn.checkpoint.checkpoint_activations  # noqa: F401
     except ImportError:
         names = ["fairscale", "fairscale.nn", "fairscale.nn.checkpoint", "fairscale.nn.checkpoint.checkpoint_activations"]
@@ -75,6 +76,7 @@ def _find_pruneable_heads_and_indices(heads, n_heads, head_size, already_pruned_
 
 
 def _patch_transformers_helpers() -> None:
+    # deferred: transformers at import time (start-up of every solrl command: validation reads the reward registry)
     import transformers.modeling_utils as modeling_utils
     import transformers.pytorch_utils as pytorch_utils
 
@@ -87,7 +89,7 @@ def _patch_transformers_helpers() -> None:
 
 def _patch_bert_model(med) -> None:
     """Give BLIP's BertPreTrainedModel what transformers 5's PreTrainedModel dropped."""
-    from transformers.modeling_utils import PreTrainedModel
+    from transformers.modeling_utils import PreTrainedModel  # deferred: transformers at import time (as above)
 
     base = med.BertPreTrainedModel
 
@@ -126,10 +128,11 @@ def image_reward_modules():
     _stub_fairscale()
     _patch_transformers_helpers()
     with timm_quietly():
+        # deferred: optional package ImageReward (image-reward, installed with --no-deps; checked above)
         from ImageReward.models.BLIP import blip_pretrain, med, vit
 
         _patch_bert_model(med)
-        import ImageReward.ImageReward as image_reward
+        import ImageReward.ImageReward as image_reward  # deferred: optional package ImageReward
 
     return image_reward, blip_pretrain, vit
 
@@ -150,7 +153,7 @@ def vision_architecture(state: dict[str, torch.Tensor]) -> dict[str, int]:
 
 def load_tokenizer(folder: Path):
     """BLIP's init_tokenizer, from local files: BERT uncased plus [DEC] (bos) and [ENC]."""
-    from transformers import BertTokenizer
+    from transformers import BertTokenizer  # deferred: transformers at import time (as above)
 
     local = folder / "tokenizer"
     tokenizer_dir = local if (local / "vocab.txt").is_file() else BERT_TOKENIZER.resolve()

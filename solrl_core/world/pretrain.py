@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from solrl_core.models.flux import make_flux_forward
 from solrl_core.models.shapes_tiny import (
     ShapesTextEncoder,
     TinyArchitecture,
@@ -158,8 +160,6 @@ class Trainee:
 
     @torch.no_grad()
     def load_state(self, path: Path, settings: PretrainSettings, log) -> None:
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
         if json.loads(metadata.get("settings", "null")) != json.loads(json.dumps(asdict(settings))):
@@ -203,8 +203,6 @@ def pretrain(out: Path = SHAPES_TINY_CHECKPOINT, settings: PretrainSettings = Pr
              log=print, stop_after: int | None = None) -> dict:
     """Train (or resume) and write the averaged weights to ``out``; ``stop_after`` ends the run
     after that many steps with only its state saved, as a stopped machine would."""
-    from solrl_core.models.flux import make_flux_forward
-
     arch = check_settings(settings)
     started = time.perf_counter()
     dataset = build_dataset(arch, settings.dataset_size, settings.seed)
