@@ -6,10 +6,15 @@ Reads each module's source with ``ast`` (nothing is imported), resolves every ``
 - each import of ``flows`` or ``tasks`` from inside solrl_core (the library must not depend on
   its orchestrator);
 - each import cycle among solrl_core modules (a strongly connected component of more than one
-  module, or a module importing itself), with one import edge per line to show where it closes.
+  module, or a module importing itself), with one import edge per line to show where it closes;
+- each import inside a function that does not say why it is deferred, as ``file:line``. Imports
+  belong at the top of the module; one kept inside a function (for start-up time, or because the
+  package is an optional extra) carries a comment on its own line or on the line above, in one of
+  two forms: ``# deferred: <package> at import time (start-up of <what>)`` or ``# deferred:
+  optional package <name>``. One such comment also covers the imports directly below it.
 
-Exits 1 when it finds either, 0 otherwise. ``import`` inside ``if TYPE_CHECKING:`` is skipped:
-it never runs.
+Exits 1 when it finds any of these, 0 otherwise. ``import`` inside ``if TYPE_CHECKING:`` is
+skipped: it never runs.
 
     python scripts/import_cycles.py [ROOT]      # ROOT: the repository (default: this script's parent's parent)
 """
@@ -17,12 +22,15 @@ it never runs.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "solrl_core"
 ORCHESTRATION = ("flows", "tasks")
+# The reason a function-level import gives: a package slow to import, or an optional one.
+DEFERRED = re.compile(r"#\s*deferred:\s*(optional package \S+|\S.*\bat import time\b)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,40 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return found
+
+
+def function_level_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run and sits inside a function (or a method, or a lambda)."""
+    found = []
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, in_function = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend((child, in_function) for child in node.orelse)
+            continue
+        if in_function and isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        stack.extend((child, inner) for child in ast.iter_child_nodes(node))
+    return sorted(found, key=lambda node: node.lineno)
+
+
+def undeclared_deferrals(path: Path) -> list[int]:
+    """Lines of the function-level imports in ``path`` that no ``# deferred:`` comment explains."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    explained: set[int] = set()  # last lines of explained imports: an import right below shares the comment
+    missing = []
+    for node in function_level_imports(ast.parse(source, str(path))):
+        first, last = node.lineno, node.end_lineno or node.lineno
+        own = any(DEFERRED.search(line) for line in lines[first - 1:last])
+        above = first - 1
+        heading = above >= 1 and (DEFERRED.match(lines[above - 1].strip()) is not None or above in explained)
+        if own or heading:
+            explained.add(last)
+        else:
+            missing.append(first)
+    return missing
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -153,15 +195,18 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-def report(root: Path) -> tuple[list[list[Edge]], list[Edge]]:
-    """(cycles, each as the import edges inside its component; imports of flows/tasks)."""
+def report(root: Path) -> tuple[list[list[Edge]], list[Edge], list[str]]:
+    """(cycles, each as the import edges inside its component; imports of flows/tasks; function-level
+    imports without a ``# deferred:`` comment, as ``file:line`` relative to ``root``)."""
     modules = module_files(root)
     inner: list[Edge] = []
     outward: list[Edge] = []
+    unexplained: list[str] = []
     for module, path in modules.items():
         found_inner, found_outward = edges_of(module, path, modules)
         inner += found_inner
         outward += found_outward
+        unexplained += [f"{path.relative_to(root).as_posix()}:{line}" for line in undeclared_deferrals(path)]
     graph: dict[str, set[str]] = {module: set() for module in modules}
     for edge in inner:
         graph[edge.source].add(edge.target)
@@ -170,12 +215,12 @@ def report(root: Path) -> tuple[list[list[Edge]], list[Edge]]:
         members = set(component)
         if len(component) > 1 or component[0] in graph[component[0]]:
             cycles.append([edge for edge in inner if edge.source in members and edge.target in members])
-    return cycles, outward
+    return cycles, outward, unexplained
 
 
 def main(argv: list[str]) -> int:
     root = Path(argv[0]).resolve() if argv else Path(__file__).resolve().parent.parent
-    cycles, outward = report(root)
+    cycles, outward, unexplained = report(root)
     for edge in sorted(set(outward), key=lambda e: (e.source, e.line)):
         print(f"{edge.source} imports {edge.target} (line {edge.line}): solrl_core must not import flows/ or tasks/")
     for number, edges in enumerate(cycles, 1):
@@ -183,9 +228,15 @@ def main(argv: list[str]) -> int:
         print(f"cycle {number}: {len(members)} modules: {', '.join(members)}")
         for edge in sorted(set(edges), key=lambda e: (e.source, e.line, e.target)):  # one line per import
             print(f"  {edge.source}:{edge.line} -> {edge.target}")
-    if cycles or outward:
+    for place in unexplained:
+        print(f"{place}: import inside a function with no '# deferred:' comment")
+    if unexplained:
+        print("move each to the top of its module, or say on the line above why it waits: '# deferred: <package> "
+              "at import time (start-up of <what>)' or '# deferred: optional package <name>'")
+    if cycles or outward or unexplained:
         return 1
-    print(f"no import cycles in {PACKAGE}, and no import of {' or '.join(ORCHESTRATION)} from it")
+    print(f"no import cycles in {PACKAGE}, and no import of {' or '.join(ORCHESTRATION)} from it; "
+          "every function-level import says why it is deferred")
     return 0
 
 

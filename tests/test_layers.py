@@ -45,6 +45,46 @@ def test_the_check_finds_a_function_level_cycle_and_an_orchestrator_import(tmp_p
     assert "solrl_core.c imports flows.solrl" in result.stdout
 
 
+def test_every_function_level_import_says_why_it_is_deferred(tmp_path):
+    package = tmp_path / "solrl_core"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kept.py").write_text(
+        "import json\n"  # the top of the module needs no comment
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    def hint():\n"
+        "        import diffusers\n"  # never runs
+        "def plot():\n"
+        "    # deferred: matplotlib at import time (start-up of every command)\n"
+        "    import matplotlib\n"
+        "    import matplotlib.pyplot as plt\n"  # right below an explained import: the same comment
+        "    return plt\n"
+        "def extra():\n"
+        "    import hpsv2  # deferred: optional package hpsv2\n")
+    (package / "bare.py").write_text(
+        "import json\n"
+        "class Loader:\n"
+        "    def load(self):\n"
+        "        from safetensors.torch import load_file\n"
+        "        return load_file\n"
+        "def plot():\n"
+        "    # lazy, for speed\n"  # not the fixed form: which package, and what start-up it spares
+        "    import matplotlib\n"
+        "def helper():\n"
+        "    # deferred: polars at import time (start-up of the CLI)\n"
+        "    x = 1\n"  # the comment must sit right above the import
+        "    from solrl_core import kept\n")
+    result = _check(tmp_path)
+    assert result.returncode == 1
+    assert [line.split(":", 2)[:2] for line in result.stdout.splitlines() if "no '# deferred:'" in line] == [
+        ["solrl_core/bare.py", "4"], ["solrl_core/bare.py", "8"], ["solrl_core/bare.py", "12"]]
+    (package / "bare.py").unlink()
+    result = _check(tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "every function-level import says why it is deferred" in result.stdout
+
+
 def test_config_is_the_bottom_layer():
     source = (ROOT / "solrl_core" / "config.py").read_text(encoding="utf-8")
     assert "solrl_core" not in "".join(line for line in source.splitlines(keepends=True)
