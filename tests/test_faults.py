@@ -181,7 +181,10 @@ def _one_rollout(micro_batch: int = 64):
     from solrl_core.presets import resolve_config
 
     overrides = [parse_override(text) for text in SMALL[1::2] if not text.startswith("rewards")]
-    config = resolve_config("shapes-tiny", "sol_rl", overrides + [("train.micro_batch", micro_batch)])
+    # Two optimizer steps over the 8 kept samples, so the step holding a broken sample also holds
+    # good ones (the preset's 8 steps would give that sample a step of its own).
+    config = resolve_config("shapes-tiny", "sol_rl", overrides + [("train.micro_batch", micro_batch),
+                                                                  ("train.steps_per_iteration", 2)])
     state = stages.initial_state(config)
     stages.quantize(state)
     drafts = stages.explore(state, 0)
