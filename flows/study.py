@@ -143,29 +143,30 @@ def _settings_overrides(settings: dict[str, Any]) -> list[tuple[str, Any]]:
     return [("progress", False), *settings.items()]
 
 
-def family_config(study: Study, family: str):
-    """A family's config: preset -> family -> the shared settings -> the family's own settings."""
+def _study_config(study: Study, family: str, varied: list[tuple[str, Any]] = ()):
+    """preset -> family -> the shared settings -> the family's own settings -> ``varied``."""
     from solrl_core.presets import resolve_config
 
+    return resolve_config(study.preset, family, [*_settings_overrides(study.settings), *study.families[family].items(),
+                                                 *varied, ("accounting.device", study.device)])
+
+
+def family_config(study: Study, family: str):
+    """A family's config, as the study sets it."""
     _known(family, study.families, "family", "families")
-    return resolve_config(study.preset, family, [*_settings_overrides(study.settings),
-                                                 *study.families[family].items(), ("accounting.device", study.device)])
+    return _study_config(study, family)
 
 
 def ablation_config(study: Study, ablation: str, point: str):
     """An ablation point's config: the ablated family's, as the study sets it, with the ablation's
     one key at ``point``."""
     from solrl_core.ablations import ABLATION_FAMILY, ABLATION_KEYS
-    from solrl_core.presets import resolve_config
 
     _known(ablation, study.ablations, "ablation", "ablations")
     _known(point, {str(p): p for p in study.ablations[ablation]["points"]}, f"point of {ablation}",
            f"ablations.{ablation}.points")
     _known(ABLATION_FAMILY, study.families, "family", "families (the ablations vary its settings)")
-    varied = parse_override(f"{ABLATION_KEYS[ablation]}={point}")
-    return resolve_config(study.preset, ABLATION_FAMILY, [*_settings_overrides(study.settings),
-                                                          *study.families[ABLATION_FAMILY].items(), varied,
-                                                          ("accounting.device", study.device)])
+    return _study_config(study, ABLATION_FAMILY, [parse_override(f"{ABLATION_KEYS[ablation]}={point}")])
 
 
 def _known(name: str, allowed, what: str, key: str) -> None:
