@@ -21,7 +21,7 @@ from solrl_core.world.captions import (
     tokenize,
     training_prompts,
 )
-from solrl_core.world.rewards import shapes_aesthetic, shapes_compliance
+from solrl_core.world.rewards import compliance_terms, shapes_aesthetic, shapes_compliance
 from solrl_core.world.scenes import (
     BACKGROUND_COLOURS,
     OBJECT_COLOURS,
@@ -293,6 +293,25 @@ def test_compliance_drops_for_the_wrong_size_or_shape(attribute, swap, eval_prom
 
     wrong = render_all([altered(parse_caption(p)) for p in eval_prompts])
     assert (shapes_compliance(wrong, eval_prompts) < shapes_compliance(perfect_images, eval_prompts) - 0.1).all()
+
+
+def test_compliance_terms_name_the_defect_a_wrong_render_has(eval_prompts, perfect_images):
+    # The terms a run's gain is broken down by: a perfect render scores high on every one, a
+    # render with the wrong shape loses its shape term while keeping its background, and one
+    # with every object moved elsewhere loses its location term.
+    perfect = compliance_terms(perfect_images, eval_prompts)
+    assert torch.equal(perfect["compliance"], shapes_compliance(perfect_images, eval_prompts))
+    for name in ("background", "amount", "location", "shape"):
+        assert perfect[name].min() >= 0.9, name
+    swap = {"circle": "square", "square": "triangle", "triangle": "circle"}
+    reshaped = render_all([Scene(s.background, tuple(dataclasses.replace(o, shape=swap[o.shape]) for o in s.objects))
+                           for s in map(parse_caption, eval_prompts)])
+    wrong_shape = compliance_terms(reshaped, eval_prompts)
+    assert wrong_shape["shape"].mean() < perfect["shape"].mean() - 0.3
+    assert wrong_shape["background"].min() >= 0.9
+    misplaced = compliance_terms(render_all([moved_elsewhere(parse_caption(p)) for p in eval_prompts]), eval_prompts)
+    assert misplaced["location"].mean() < perfect["location"].mean() - 0.3
+    assert misplaced["background"].min() >= 0.9
 
 
 def test_compliance_is_graded_as_an_object_fades_in(eval_prompts, perfect_images):

@@ -147,15 +147,14 @@ def _batch_targets(prompts: list[str], image_size: int, device: torch.device) ->
     return {name: torch.stack([t[name] for t in targets]).to(device, torch.float32) for name in targets[0]}
 
 
-def _object_scores(measured: dict[str, torch.Tensor], reference: torch.Tensor) -> torch.Tensor:
-    """[B, K]: the right amount of the colour gates a mix of location and shape."""
+def _object_terms(measured: dict[str, torch.Tensor], reference: torch.Tensor) -> dict[str, torch.Tensor]:
+    """[B, K] each: how right each object's amount of colour, location and shape are, in [0, 1]."""
     area, centroid_x, centroid_y, fill = reference.unbind(dim=-1)
     log_area_ratio = torch.log((measured["area"] + _EPS) / area)
-    amount = torch.exp(-log_area_ratio.square() / (2 * AREA_LOG_TOLERANCE**2))
     distance_sq = (measured["centroid_x"] - centroid_x).square() + (measured["centroid_y"] - centroid_y).square()
-    location = torch.exp(-distance_sq / (2 * LOCATION_TOLERANCE**2))
-    shape = torch.exp(-(measured["fill"] - fill).square() / (2 * FILL_TOLERANCE**2))
-    return amount * (BASE_WEIGHT + LOCATION_WEIGHT * location + SHAPE_WEIGHT * shape)
+    return {"amount": torch.exp(-log_area_ratio.square() / (2 * AREA_LOG_TOLERANCE**2)),
+            "location": torch.exp(-distance_sq / (2 * LOCATION_TOLERANCE**2)),
+            "shape": torch.exp(-(measured["fill"] - fill).square() / (2 * FILL_TOLERANCE**2))}
 
 
 def _background_score(images: torch.Tensor, background_rgb: torch.Tensor, object_area: torch.Tensor) -> torch.Tensor:
@@ -165,24 +164,36 @@ def _background_score(images: torch.Tensor, background_rgb: torch.Tensor, object
     return (background_fraction / (1.0 - object_area).clamp_min(_EPS)).clamp(max=1.0)
 
 
-def shapes_compliance(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-    """How well each image shows its caption, [B] float32 in [0, 1].
+def compliance_terms(images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """shapes-compliance and the terms it is made of, each [B] in [0, 1]: background, and the
+    amount, location and shape terms averaged over the caption's objects.
 
-    Per requested object: presence and size (amount of its colour), location (centroid) and
-    shape (bounding-box fill), averaged over objects, then scaled by the background's correctness.
+    What a run's gain is made of (benchmarks/compliance_anatomy.py): a term the seeds of a prompt
+    do not differ on cannot be taught by ranking them.
     """
     images = _as_unit_images(images, prompts)
     if images.shape[-1] != images.shape[-2]:
         raise ValueError(f"shapes images are square, got {tuple(images.shape[-2:])}")
     targets = _batch_targets(prompts, images.shape[-1], images.device)
     coverage = object_coverage(images, targets["object_rgb"], targets["background_rgb"])
-    per_object = _object_scores(measure_objects(coverage), targets["reference"])
+    terms = _object_terms(measure_objects(coverage), targets["reference"])
     present = targets["present"]
+    per_object = terms["amount"] * (BASE_WEIGHT + LOCATION_WEIGHT * terms["location"] + SHAPE_WEIGHT * terms["shape"])
     objects = (per_object * present).sum(dim=-1) / present.sum(dim=-1)
     object_area = (targets["reference"][..., 0] * present).sum(dim=-1)
     background = _background_score(images, targets["background_rgb"], object_area)
     score = objects * (1.0 - BACKGROUND_WEIGHT + BACKGROUND_WEIGHT * background)
-    return _as_scores(score)
+    averaged = {name: (term * present).sum(dim=-1) / present.sum(dim=-1) for name, term in terms.items()}
+    return {"compliance": _as_scores(score), "background": background, **averaged}
+
+
+def shapes_compliance(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """How well each image shows its caption, [B] float32 in [0, 1].
+
+    Per requested object: presence and size (amount of its colour), location (centroid) and
+    shape (bounding-box fill), averaged over objects, then scaled by the background's correctness.
+    """
+    return compliance_terms(images, prompts)["compliance"]
 
 
 # === aesthetic =============================================================================
