@@ -50,8 +50,12 @@ def _fidelity_section(report_dir: Path) -> str | None:
     config = report["config"]
     tail = min(12, config["pool"] // 2)
     ks = sorted({k for r in report["results"] for k in r["top_k_precision"]}, key=int)
-    header = (["proxy", "explore steps", "Spearman ρ", "Kendall τ"] + [f"top-{k} precision" for k in ks]
-              + [f"bottom-{tail} contamination", f"true rank of top-{tail}", f"true rank of bottom-{tail}"])
+    # Adaptive schedules ("step:survivors,...") share a backend and step count with the fixed
+    # explorer: without their schedule and rollout cost their rows would read as repeats.
+    profiles = sorted({profile for r in report["results"] for profile in (r.get("cost") or {})})
+    header = (["proxy", "explore steps", "schedule", "Spearman ρ", "Kendall τ"] + [f"top-{k} precision" for k in ks]
+              + [f"bottom-{tail} contamination", f"true rank of top-{tail}", f"true rank of bottom-{tail}"]
+              + [f"rollout speed-up vs naive ({profile})" for profile in profiles])
     lines = [f"## Ranking fidelity (`fidelity.json`)\n",
              f"{config['prompts']} held-out prompts x {config['pool']} seeds; the truth is the full-precision policy "
              f"at {config['full_precision_steps']} steps ({config['dtype']} on {config['device']}), the proxy the "
@@ -59,23 +63,29 @@ def _fidelity_section(report_dir: Path) -> str | None:
              f"{_ranks(report['reference']['perfect'], tail)}, random {_ranks(report['reference']['random'], tail)}.\n",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in report["results"]:
-        row = [r["backend"], str(r["explore_steps"]), _num(r["spearman"]), _num(r["kendall"])]
+        row = [r["backend"], str(r["explore_steps"]), r.get("schedule", "fixed"), _num(r["spearman"]),
+               _num(r["kendall"])]
         row += [_num(r["top_k_precision"].get(k)) for k in ks]
         row += [_num(r["bottom_k_contamination"].get(str(tail))), _num(r.get(f"mean_true_rank_top{tail}"), ".1f"),
                 _num(r.get(f"mean_true_rank_bottom{tail}"), ".1f")]
+        row += [_speedup((r.get("cost") or {}).get(profile)) for profile in profiles]
         lines.append("| " + " | ".join(row) + " |")
     paper = PAPER["emulated-nvfp4"]
-    row = ["**paper** NVFP4 (256 x 96, 8xB200)", "6", _num(paper["spearman"]), _num(paper["kendall"])]
+    row = ["**paper** NVFP4 (256 x 96, 8xB200)", "6", "fixed", _num(paper["spearman"]), _num(paper["kendall"])]
     row += [_num(paper["top_k_precision"].get(k)) for k in ks]
     row += ["n/a", _num(paper["mean_true_rank_top12"], ".1f"), _num(paper["mean_true_rank_bottom12"], ".1f")]
-    lines.append("| " + " | ".join(row) + " |")
+    lines.append("| " + " | ".join(row + ["n/a"] * len(profiles)) + " |")
     fp8 = PAPER["fp8"]
-    lines.append("| " + " | ".join(["**paper** FP8", "6", "n/a", "n/a"] + ["n/a"] * len(ks)
+    lines.append("| " + " | ".join(["**paper** FP8", "6", "fixed", "n/a", "n/a"] + ["n/a"] * len(ks)
                                    + ["n/a", _num(fp8["mean_true_rank_top12"], ".1f"),
-                                      _num(fp8["mean_true_rank_bottom12"], ".1f")]) + " |")
+                                      _num(fp8["mean_true_rank_bottom12"], ".1f")] + ["n/a"] * len(profiles)) + " |")
     if (report_dir / "fidelity.png").is_file():
         lines.append("\n![ranking fidelity against explore steps](fidelity.png)")
     return "\n".join(lines)
+
+
+def _speedup(cost: dict | None) -> str:
+    return "n/a" if not cost or cost.get("speedup_vs_naive_scaling") is None else f"{cost['speedup_vs_naive_scaling']:.2f}x"
 
 
 def _ranks(reference: dict, tail: int) -> str:
