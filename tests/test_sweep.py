@@ -25,7 +25,20 @@ BUDGET = 1e-12  # below one iteration's modeled cost: every run is sized to one 
 
 
 def _interval(flow_run: dict) -> tuple[datetime, datetime]:
-    return datetime.fromisoformat(flow_run["start_time"]), datetime.fromisoformat(flow_run["end_time"])
+    """From the moment a worker claimed the run (its PENDING state: the run's process starts) to its end.
+
+    The RUNNING state alone is the wrong window: a one-iteration run spends seconds in it after
+    about ten of process start, so two workers busy at once can show running windows that miss
+    each other by a fraction of a second."""
+    return datetime.fromisoformat(flow_run["claimed_time"]), datetime.fromisoformat(flow_run["end_time"])
+
+
+def _claimed_time(api: str, flow_run: dict) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{api}/flow_run_states/?flow_run_id={flow_run['id']}", timeout=30) as response:
+        states = json.loads(response.read())
+    return min(state["timestamp"] for state in states if state["type"] == "PENDING")
 
 
 def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
@@ -41,6 +54,8 @@ def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
         deployments = prefect_api(f"{api}/deployments/filter", {"limit": 10})
         runs = prefect_api(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [d["id"] for d in deployments]}},
                                                 "limit": 50})
+        for flow_run in runs:
+            flow_run["claimed_time"] = _claimed_time(api, flow_run)
 
     logs = "".join((tmp_path / f"worker{i}.log").read_text(errors="replace")[-2000:] for i in range(2))
     assert result.returncode == 0, result.stderr[-3000:] + logs
