@@ -84,12 +84,14 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -
     return result
 
 
-def prefect_api(url: str, body: dict) -> list | dict:
-    """POST ``body`` to a Prefect server's REST endpoint ``url`` (e.g. .../flow_runs/filter)."""
+def prefect_api(url: str, body: dict | None = None) -> list | dict:
+    """POST ``body`` to a Prefect server's REST endpoint ``url`` (e.g. .../flow_runs/filter), or,
+    without a body, GET it (e.g. .../flow_run_states/?flow_run_id=...)."""
     import json
 
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = (urllib.request.Request(url, method="GET") if body is None else
+               urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                      headers={"Content-Type": "application/json"}))
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 

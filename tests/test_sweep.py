@@ -34,10 +34,7 @@ def _interval(flow_run: dict) -> tuple[datetime, datetime]:
 
 
 def _claimed_time(api: str, flow_run: dict) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{api}/flow_run_states/?flow_run_id={flow_run['id']}", timeout=30) as response:
-        states = json.loads(response.read())
+    states = prefect_api(f"{api}/flow_run_states/?flow_run_id={flow_run['id']}")
     return min(state["timestamp"] for state in states if state["type"] == "PENDING")
 
 
