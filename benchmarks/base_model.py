@@ -53,6 +53,32 @@ def captioned_grid(images: torch.Tensor, prompts: list[str], per_prompt: int, ro
     plt.close(figure)
 
 
+def measure_base(model_path: str, prompts: int, seeds: int) -> tuple[dict, torch.Tensor, list[str]]:
+    """Held-out rewards of a checkpoint (means with SEs over prompts, the within-prompt spread),
+    its training record, and the evaluation images with their captions."""
+    from solrl_core import stages
+    from solrl_core.models.shapes_tiny import read_checkpoint
+    from solrl_core.presets import resolve_config
+    from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
+
+    config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", prompts), ("eval.seeds_per_prompt", seeds),
+                                                      ("model.path", model_path), ("progress", False)])
+    state = stages.initial_state(config)
+    _, images = stages.evaluate(state, adapter=None)  # its means are recomputed below, with SEs
+    captions = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
+    per_sample = state.rewards.score(images, captions, list(config.eval.rewards)).per_reward
+    report = {"model_path": model_path or str(CHECKPOINT.name), "prompts": len(state.eval_prompts),
+              "seeds_per_prompt": config.eval.seeds_per_prompt, "sampler": config.sampler.kind,
+              "steps": config.eval.steps, "rewards": {}, "training": read_checkpoint(
+                  Path(model_path) if model_path else CHECKPOINT)[3]}
+    for name, values in per_sample.items():
+        by_prompt = values.view(len(state.eval_prompts), config.eval.seeds_per_prompt)
+        report["rewards"][name] = {**mean_and_se(by_prompt.mean(1)),
+                                   "within_prompt_std_mean": float(by_prompt.std(1).mean()),
+                                   "share_of_samples_above_0.5": float((values > 0.5).double().mean())}
+    return report, images, captions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=64)
@@ -64,34 +90,15 @@ def main() -> None:
     args = parser.parse_args()
     use_threads(args)
 
-    from solrl_core import stages
-    from solrl_core.models.shapes_tiny import read_checkpoint
-    from solrl_core.world import SHAPES_TINY_CHECKPOINT as CHECKPOINT
-    from solrl_core.presets import resolve_config
-
-    config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", args.prompts),
-                                                      ("eval.seeds_per_prompt", args.seeds),
-                                                      ("model.path", args.model_path), ("progress", False)])
-    state = stages.initial_state(config)
-    _, images = stages.evaluate(state, adapter=None)  # its means are recomputed below, with SEs
-    prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
-    per_sample = state.rewards.score(images, prompts, list(config.eval.rewards)).per_reward
-    report = {"model_path": args.model_path or str(CHECKPOINT.name), "prompts": len(state.eval_prompts),
-              "seeds_per_prompt": config.eval.seeds_per_prompt, "sampler": config.sampler.kind,
-              "steps": config.eval.steps, "rewards": {}, "training": read_checkpoint(
-                  Path(args.model_path) if args.model_path else CHECKPOINT)[3]}
-    for name, values in per_sample.items():
-        by_prompt = values.view(len(state.eval_prompts), config.eval.seeds_per_prompt)
-        report["rewards"][name] = {**mean_and_se(by_prompt.mean(1)),
-                                   "within_prompt_std_mean": float(by_prompt.std(1).mean()),
-                                   "share_of_samples_above_0.5": float((values > 0.5).double().mean())}
-        print(f"{name}: {report['rewards'][name]['mean']:.4f} ± {report['rewards'][name]['se']:.4f} (SE over prompts); "
-              f"within-prompt std {report['rewards'][name]['within_prompt_std_mean']:.3f}")
+    report, images, captions = measure_base(args.model_path, args.prompts, args.seeds)
+    for name, reward in report["rewards"].items():
+        print(f"{name}: {reward['mean']:.4f} ± {reward['se']:.4f} (SE over prompts); "
+              f"within-prompt std {reward['within_prompt_std_mean']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.out.with_suffix(".tmp")
     temporary.write_text(json.dumps(report, indent=1))
     temporary.replace(args.out)
-    captioned_grid(images, prompts, config.eval.seeds_per_prompt, args.grid_rows, args.out.with_name("base_samples.png"))
+    captioned_grid(images, captions, args.seeds, args.grid_rows, args.out.with_name("base_samples.png"))
 
 
 if __name__ == "__main__":

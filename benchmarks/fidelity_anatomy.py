@@ -64,14 +64,15 @@ MLP = ["*ff.net.*", "*ff_context.net.*", "*proj_mlp", "single_transformer_blocks
 EMBEDDERS_AND_HEAD = ["x_embedder", "context_embedder", "time_text_embed.*", "norm_out.*", "proj_out"]
 MODULATION = ["*norm1.linear", "*norm1_context.linear", "*norm.linear"]
 
-# name: (layer globs, weight rounding, activation rounding). The preset's explorer is "skip list".
+# name: (layer globs, weight rounding, activation rounding). The shapes-tiny preset's explorer (skip list
+# + min_dim 64) is "MLPs only" at width 64: every attention projection there is 64 x 64.
 VARIANTS: dict[str, tuple[list[str], object, object]] = {
     "all layers W4A4": (["*"], NVFP4, NVFP4),
-    "skip list W4A4 (preset)": (ATTENTION + MLP, NVFP4, NVFP4),
+    "skip list W4A4": (ATTENTION + MLP, NVFP4, NVFP4),
     "skip list W4 only": (ATTENTION + MLP, NVFP4, identity),
     "skip list A4 only": (ATTENTION + MLP, identity, NVFP4),
     "attention only W4A4": (ATTENTION, NVFP4, NVFP4),
-    "min_dim 64: MLPs only W4A4": (MLP, NVFP4, NVFP4),  # the paper's rule: attention (64 x 64) stays high
+    "MLPs only W4A4": (MLP, NVFP4, NVFP4),  # min_dim 64 at width 64: attention (64 x 64) stays high
     "skip list W4A4 block 8": (ATTENTION + MLP, lambda x: fake_quantize_blocks(x, 8), lambda x: fake_quantize_blocks(x, 8)),
     "skip list W4A4 block 32": (ATTENTION + MLP, lambda x: fake_quantize_blocks(x, 32),
                                 lambda x: fake_quantize_blocks(x, 32)),
@@ -121,6 +122,62 @@ def parameter_share(model: torch.nn.Module, names: list[str]) -> float:
     return quantized / sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
 
 
+def measure_variants(model_path: str, prompts: int, pool: int, explore_steps: int, variant_names: list[str],
+                     on_result=lambda report: None, log=print) -> dict:
+    """Truth (full precision at the preset's T_train steps) and each variant's draft ranking on one
+    checkpoint; ``on_result`` gets the report after the truth and after every variant."""
+    from solrl_core import stages
+    from solrl_core.fidelity import fidelity_seeds, format_result, ranking_metrics
+    from solrl_core.models.adapters import OLD
+    from solrl_core.presets import resolve_config
+    from solrl_core.prompts import evaluation_prompts
+
+    unknown = [name for name in variant_names if name not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose from: {', '.join(VARIANTS)}")
+    config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", prompts), ("model.path", model_path),
+                                                      ("progress", False)])
+    state = stages.initial_state(config)
+    held_out = evaluation_prompts(config)
+    flat_prompts = [p for p in held_out for _ in range(pool)]
+    seeds = [s for g in range(len(held_out)) for s in fidelity_seeds(config.seed, g, pool)]
+    model = state.policy.transformer
+
+    def scored(steps: int, explorer) -> torch.Tensor:
+        latents, _ = stages._sample_seeds(state, flat_prompts, seeds, steps, 96, adapter=OLD, explorer=explorer,
+                                          label="anatomy")
+        return stages._score(state, latents, flat_prompts, list(config.rewards)).combined.view(len(held_out), pool)
+
+    started = time.perf_counter()
+    truth = scored(config.regenerate.steps, None)
+    report = {"prompts": len(held_out), "pool": pool, "explore_steps": explore_steps,
+              "full_precision_steps": config.regenerate.steps, "model_path": model_path or "committed",
+              "threads": torch.get_num_threads(), "truth_reward_mean": float(truth.mean()),
+              "truth_seconds": round(time.perf_counter() - started, 1), "results": []}
+    log(f"truth: {truth.numel()} samples, mean {float(truth.mean()):.4f} ({report['truth_seconds']:.0f}s)")
+    on_result(report)
+    for name in variant_names:
+        globs, weights, activations = VARIANTS[name]
+        begun = time.perf_counter()
+        explorer = RoundedExplorer(model, globs, weights, activations) if globs else None
+        proxy = scored(explore_steps, explorer)
+        metrics = ranking_metrics(proxy, truth)
+        layers = explorer.layer_names if explorer else []
+        report["results"].append({"variant": name, "quantized_layers": len(layers),
+                                  "quantized_parameter_share": round(parameter_share(model, layers), 4),
+                                  **metrics, "seconds": round(time.perf_counter() - begun, 1)})
+        log(f"{name:28s} layers {len(layers):3d}  " + format_result(metrics))
+        on_result(report)
+    return report
+
+
+def write_json_atomically(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(report, indent=1))
+    temporary.replace(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
@@ -134,47 +191,9 @@ def main() -> None:
     use_threads(args)
     probe = torch.randn(7, 48)
     assert torch.equal(fake_quantize_blocks(probe, 16), fake_quantize_nvfp4(probe)), "block-16 rounding disagrees"
-
-    from solrl_core import stages
-    from solrl_core.fidelity import fidelity_seeds, format_result, ranking_metrics
-    from solrl_core.models.adapters import OLD
-    from solrl_core.presets import resolve_config
-    from solrl_core.prompts import evaluation_prompts
-
-    config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", args.prompts), ("model.path", args.model_path),
-                                                      ("progress", False)])
-    state = stages.initial_state(config)
-    prompts = evaluation_prompts(config)
-    flat_prompts = [p for p in prompts for _ in range(args.pool)]
-    seeds = [s for g in range(len(prompts)) for s in fidelity_seeds(config.seed, g, args.pool)]
-    model = state.policy.transformer
-
-    def scored(steps: int, explorer) -> torch.Tensor:
-        latents, _ = stages._sample_seeds(state, flat_prompts, seeds, steps, 96, adapter=OLD, explorer=explorer,
-                                          label="anatomy")
-        return stages._score(state, latents, flat_prompts, list(config.rewards)).combined.view(len(prompts), args.pool)
-
-    started = time.perf_counter()
-    truth = scored(config.regenerate.steps, None)
-    report = {"prompts": len(prompts), "pool": args.pool, "explore_steps": args.explore_steps,
-              "full_precision_steps": config.regenerate.steps, "model_path": args.model_path or "committed",
-              "threads": torch.get_num_threads(), "truth_reward_mean": float(truth.mean()), "results": []}
-    print(f"truth: {truth.numel()} samples, mean {float(truth.mean()):.4f} ({time.perf_counter() - started:.0f}s)")
-    for name in args.variants.split(","):
-        globs, weights, activations = VARIANTS[name]
-        begun = time.perf_counter()
-        explorer = RoundedExplorer(model, globs, weights, activations) if globs else None
-        proxy = scored(args.explore_steps, explorer)
-        metrics = ranking_metrics(proxy, truth)
-        layers = explorer.layer_names if explorer else []
-        report["results"].append({"variant": name, "quantized_layers": len(layers),
-                                  "quantized_parameter_share": round(parameter_share(model, layers), 4),
-                                  **metrics, "seconds": round(time.perf_counter() - begun, 1)})
-        print(f"{name:28s} layers {len(layers):3d}  " + format_result(metrics), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        temporary = args.out.with_suffix(".tmp")
-        temporary.write_text(json.dumps(report, indent=1))
-        temporary.replace(args.out)
+    measure_variants(args.model_path, args.prompts, args.pool, args.explore_steps, args.variants.split(","),
+                     on_result=lambda report: write_json_atomically(args.out, report),
+                     log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":
