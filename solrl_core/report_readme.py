@@ -16,7 +16,8 @@ from solrl_core.fidelity import PAPER
 
 def write_readme(report_dir: Path) -> Path:
     sections = [_header()]
-    for build in (_fidelity_section, _compare_section, _ablation_sections, _benchmark_section, _footer):
+    for build in (_fidelity_section, _anatomy_section, _width_section, _compare_section, _ablation_sections,
+                  _benchmark_section, _footer):
         text = build(report_dir)
         if text:
             sections.append(text)
@@ -81,6 +82,55 @@ def _fidelity_section(report_dir: Path) -> str | None:
                                       _num(fp8["mean_true_rank_bottom12"], ".1f")] + ["n/a"] * len(profiles)) + " |")
     if (report_dir / "fidelity.png").is_file():
         lines.append("\n![ranking fidelity against explore steps](fidelity.png)")
+    return "\n".join(lines)
+
+
+def _ranking_cells(result: dict) -> list[str]:
+    return [_num(result["spearman"]), _num(result["top_k_precision"].get("12"))]
+
+
+def _anatomy_section(report_dir: Path) -> str | None:
+    report = _load(report_dir / "benchmarks" / "fidelity_anatomy.json")
+    if not report:
+        return None
+    lines = [f"## What costs the explorer its ranking (`benchmarks/fidelity_anatomy.json`)\n",
+             f"The committed width-64 model, {report['prompts']} held-out prompts x {report['pool']} seeds, each "
+             f"variant at {report['explore_steps']} steps against full precision at {report['full_precision_steps']} "
+             f"(`benchmarks/fidelity_anatomy.py`):\n",
+             "| variant | quantized layers | share of parameters | Spearman ρ | top-12 precision |", "|---|---|---|---|---|"]
+    for r in report["results"]:
+        lines.append(f"| {r['variant']} | {r['quantized_layers']} | {r['quantized_parameter_share']:.1%} | "
+                     + " | ".join(_ranking_cells(r)) + " |")
+    return "\n".join(lines)
+
+
+def _width_section(report_dir: Path) -> str | None:
+    report = _load(report_dir / "benchmarks" / "width_fidelity.json")
+    if not report or not report.get("widths"):
+        return None
+    widths = report["widths"]
+    first = widths[0]["ranking"]
+    variants = list(dict.fromkeys(r["variant"] for w in widths for r in w["ranking"]["results"]))
+    lines = [f"## Ranking fidelity against model width (`benchmarks/width_fidelity.json`)\n",
+             f"Each width pretrained with the same recipe (`solrl pretrain --heads H`; only the heads of 16 channels "
+             f"differ); its held-out compliance on {widths[0]['held_out']['prompts']} prompts x "
+             f"{widths[0]['held_out']['seeds_per_prompt']} seeds (± SE over prompts), then each variant's ranking of "
+             f"{first['prompts']} held-out prompts x {first['pool']} seeds at {first['explore_steps']} steps against "
+             f"full precision at {first['full_precision_steps']} (`benchmarks/width_fidelity.py`). Cells: Spearman ρ / "
+             f"top-12 precision; paper (NVFP4, 256 x 96): {PAPER['emulated-nvfp4']['spearman']:.3f} / "
+             f"{PAPER['emulated-nvfp4']['top_k_precision']['12']:.3f}.\n",
+             "| width | parameters | pretraining | base compliance | preset's explorer (size rule) | "
+             + " | ".join(variants) + " |", "|---|---|---|---|---|" + "---|" * len(variants)]
+    for w in widths:
+        training, compliance = w["training"], w["held_out_rewards"]["shapes-compliance"]
+        by_variant = {r["variant"]: r for r in w["ranking"]["results"]}
+        preset = w["preset_explorer"]
+        rule = ", ".join(preset["same_layers_as"]) or f"{preset['quantized_layers']} layers"
+        cells = [" / ".join(_ranking_cells(by_variant[v])) if v in by_variant else "n/a" for v in variants]
+        lines.append(f"| {w['width']} | {training.get('parameters', 0):,} | {training.get('steps')} steps, "
+                     f"{_num(training.get('seconds'), '.0f')} s | {compliance['mean']:.3f} ± {compliance['se']:.3f} | "
+                     f"{rule} | " + " | ".join(cells) + " |")
+    lines.append("\n![ranking fidelity against model width](benchmarks/width_fidelity.png)")
     return "\n".join(lines)
 
 

@@ -45,3 +45,28 @@ def test_results_without_schedule_or_cost_read_as_the_fixed_explorer(tmp_path):
     page = write_readme(tmp_path).read_text(encoding="utf-8")
     assert "| emulated-nvfp4 | 6 | fixed | 0.900 |" in page
     assert "rollout speed-up" not in page
+
+
+def _ranking(variant: str, spearman: float, top12: float) -> dict:
+    return {"variant": variant, "spearman": spearman, "top_k_precision": {"12": top12}}
+
+
+def test_the_width_table_gives_each_width_its_base_compliance_preset_rule_and_every_variants_ranking(tmp_path):
+    def width(channels: int, compliance: float, results: list[dict], same_as: list[str]) -> dict:
+        return {"width": channels, "training": {"parameters": channels * 1000, "steps": 6000, "seconds": 600.0},
+                "held_out": {"prompts": 64, "seeds_per_prompt": 2},
+                "held_out_rewards": {"shapes-compliance": {"mean": compliance, "se": 0.03}},
+                "preset_explorer": {"quantized_layers": 16, "same_layers_as": same_as},
+                "ranking": {"prompts": 32, "pool": 96, "explore_steps": 6, "full_precision_steps": 10,
+                            "results": results}}
+
+    (tmp_path / "benchmarks").mkdir()
+    report = {"widths": [width(32, 0.31, [_ranking("all layers W4A4", 0.5, 0.3)], ["MLPs only W4A4"]),
+                         width(128, 0.62, [_ranking("all layers W4A4", 0.7, 0.5), _ranking("skip list W8A8 FP8", 0.95, 0.8)],
+                               [])]}
+    (tmp_path / "benchmarks" / "width_fidelity.json").write_text(json.dumps(report))
+    page = write_readme(tmp_path).read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| 32 |") or line.startswith("| 128 |")]
+    assert rows == ["| 32 | 32,000 | 6000 steps, 600 s | 0.310 ± 0.030 | MLPs only W4A4 | 0.500 / 0.300 | n/a |",
+                    "| 128 | 128,000 | 6000 steps, 600 s | 0.620 ± 0.030 | 16 layers | 0.700 / 0.500 | 0.950 / 0.800 |"]
+    assert "32 held-out prompts x 96 seeds at 6 steps" in page
