@@ -92,7 +92,7 @@ def measure_width(width: int, model_path: str, args: argparse.Namespace) -> dict
     print(f"width {width}: held-out compliance {compliance['mean']:.4f} ± {compliance['se']:.4f}", flush=True)
     ranking = measure_variants(model_path, args.prompts, args.pool, args.explore_steps, args.variants,
                                log=lambda line: print(f"width {width}: {line}", flush=True))
-    return {"width": width, "checkpoint": str(checkpoint), "checkpoint_sha256": file_digest(checkpoint),
+    return {"width": width, "checkpoint": model_path or "committed", "checkpoint_sha256": file_digest(checkpoint),
             "training": training, "held_out": {key: base[key] for key in ("prompts", "seeds_per_prompt", "sampler",
                                                                           "steps")},
             "held_out_rewards": base["rewards"], "preset_explorer": preset_rule_variant(model_path),
