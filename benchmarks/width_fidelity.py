@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from benchmarks.base_model import measure_base  # noqa: E402
-from benchmarks.fidelity_anatomy import VARIANTS, linear_names, measure_variants, write_json_atomically  # noqa: E402
+from benchmarks.fidelity_anatomy import (NVFP4, VARIANTS, linear_names, measure_variants,  # noqa: E402
+                                         write_json_atomically)
 
 DEFAULT_VARIANTS = ["all layers W4A4", "skip list W4A4", "MLPs only W4A4", "skip list W8A8 FP8", "full precision"]
 PLOTTED = ("spearman", "top-12 precision")
@@ -64,7 +65,9 @@ def preset_rule_variant(model_path: str) -> dict:
     config = resolve_config("shapes-tiny", "sol_rl", [("model.path", model_path), ("progress", False)])
     model = stages.initial_state(config).policy.transformer
     chosen = set(select_quantized_layers(model, config.quant.skip, config.quant.min_dim, config.quant.fused))
-    same = [name for name, (globs, *_) in VARIANTS.items() if globs and set(linear_names(model, globs)) == chosen]
+    # The preset's backend rounds weights and inputs alike (NVFP4, 16-value blocks).
+    same = [name for name, (globs, weights, activations) in VARIANTS.items()
+            if globs and weights is NVFP4 and activations is NVFP4 and set(linear_names(model, globs)) == chosen]
     return {"skip": list(config.quant.skip), "min_dim": config.quant.min_dim, "quantized_layers": len(chosen),
             "same_layers_as": same}
 

@@ -114,9 +114,11 @@ def _width_section(report_dir: Path) -> str | None:
     lines = [f"## Ranking fidelity against model width (`benchmarks/width_fidelity.json`)\n",
              f"Each width pretrained with the same recipe (`solrl pretrain --heads H`; only the heads of 16 channels "
              f"differ); its held-out compliance on {widths[0]['held_out']['prompts']} prompts x "
-             f"{widths[0]['held_out']['seeds_per_prompt']} seeds (± SE over prompts), then each variant's ranking of "
+             f"{widths[0]['held_out']['seeds_per_prompt']} seeds (± SE over prompts; seed std: the mean spread of a "
+             f"prompt's seeds), then each variant's ranking of "
              f"{first['prompts']} held-out prompts x {first['pool']} seeds at {first['explore_steps']} steps against "
-             f"full precision at {first['full_precision_steps']} (`benchmarks/width_fidelity.py`). Cells: Spearman ρ / "
+             f"full precision at {first['full_precision_steps']} (`benchmarks/width_fidelity.py`; `full precision` drafts "
+             f"unquantized at the same {first['explore_steps']} steps: what the step cut alone costs). Cells: Spearman ρ / "
              f"top-12 precision; paper (NVFP4, 256 x 96): {PAPER['emulated-nvfp4']['spearman']:.3f} / "
              f"{PAPER['emulated-nvfp4']['top_k_precision']['12']:.3f}.\n",
              "| width | parameters | pretraining | base compliance | preset's explorer (size rule) | "
@@ -127,8 +129,12 @@ def _width_section(report_dir: Path) -> str | None:
         preset = w["preset_explorer"]
         rule = ", ".join(preset["same_layers_as"]) or f"{preset['quantized_layers']} layers"
         cells = [" / ".join(_ranking_cells(by_variant[v])) if v in by_variant else "n/a" for v in variants]
-        lines.append(f"| {w['width']} | {training.get('parameters', 0):,} | {training.get('steps')} steps, "
-                     f"{_num(training.get('seconds'), '.0f')} s | {compliance['mean']:.3f} ± {compliance['se']:.3f} | "
+        threads = training.get("threads")
+        spent = f"{_num(training.get('seconds'), '.0f')} s" + (f" on {threads} thread(s)" if threads else "")
+        spread = compliance.get("within_prompt_std_mean")
+        lines.append(f"| {w['width']} | {training.get('parameters', 0):,} | {training.get('steps')} steps, {spent} | "
+                     f"{compliance['mean']:.3f} ± {compliance['se']:.3f}"
+                     + (f" (seed std {spread:.3f})" if spread is not None else "") + " | "
                      f"{rule} | " + " | ".join(cells) + " |")
     lines.append("\n![ranking fidelity against model width](benchmarks/width_fidelity.png)")
     return "\n".join(lines)

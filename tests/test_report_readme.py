@@ -61,12 +61,14 @@ def test_the_width_table_gives_each_width_its_base_compliance_preset_rule_and_ev
                             "results": results}}
 
     (tmp_path / "benchmarks").mkdir()
-    report = {"widths": [width(32, 0.31, [_ranking("all layers W4A4", 0.5, 0.3)], ["MLPs only W4A4"]),
-                         width(128, 0.62, [_ranking("all layers W4A4", 0.7, 0.5), _ranking("skip list W8A8 FP8", 0.95, 0.8)],
-                               [])]}
+    wide = width(128, 0.62, [_ranking("all layers W4A4", 0.7, 0.5), _ranking("skip list W8A8 FP8", 0.95, 0.8)], [])
+    wide["training"]["threads"] = 2
+    wide["held_out_rewards"]["shapes-compliance"]["within_prompt_std_mean"] = 0.09
+    report = {"widths": [width(32, 0.31, [_ranking("all layers W4A4", 0.5, 0.3)], ["MLPs only W4A4"]), wide]}
     (tmp_path / "benchmarks" / "width_fidelity.json").write_text(json.dumps(report))
     page = write_readme(tmp_path).read_text(encoding="utf-8")
     rows = [line for line in page.splitlines() if line.startswith("| 32 |") or line.startswith("| 128 |")]
     assert rows == ["| 32 | 32,000 | 6000 steps, 600 s | 0.310 ± 0.030 | MLPs only W4A4 | 0.500 / 0.300 | n/a |",
-                    "| 128 | 128,000 | 6000 steps, 600 s | 0.620 ± 0.030 | 16 layers | 0.700 / 0.500 | 0.950 / 0.800 |"]
+                    "| 128 | 128,000 | 6000 steps, 600 s on 2 thread(s) | 0.620 ± 0.030 (seed std 0.090) | 16 layers | "
+                    "0.700 / 0.500 | 0.950 / 0.800 |"]
     assert "32 held-out prompts x 96 seeds at 6 steps" in page
