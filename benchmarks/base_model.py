@@ -11,7 +11,6 @@ their caption on the left and one image per evaluation seed.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
+from solrl_core.ledger import write_json  # noqa: E402
 
 
 def mean_and_se(values: torch.Tensor) -> dict:
@@ -94,10 +94,7 @@ def main() -> None:
     for name, reward in report["rewards"].items():
         print(f"{name}: {reward['mean']:.4f} ± {reward['se']:.4f} (SE over prompts); "
               f"within-prompt std {reward['within_prompt_std_mean']:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(report, indent=1))
-    temporary.replace(args.out)
+    write_json(args.out, report)
     captioned_grid(images, captions, args.seeds, args.grid_rows, args.out.with_name("base_samples.png"))
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
+from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.quant.fp8 import quantize_fp8  # noqa: E402
 from solrl_core.quant.nvfp4 import fake_quantize_nvfp4, round_to_e2m1  # noqa: E402
 
@@ -132,9 +132,6 @@ def measure_variants(model_path: str, prompts: int, pool: int, explore_steps: in
     from solrl_core.presets import resolve_config
     from solrl_core.prompts import evaluation_prompts
 
-    unknown = [name for name in variant_names if name not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose from: {', '.join(VARIANTS)}")
     config = resolve_config("shapes-tiny", "sol_rl", [("eval.prompts", prompts), ("model.path", model_path),
                                                       ("progress", False)])
     state = stages.initial_state(config)
@@ -171,11 +168,10 @@ def measure_variants(model_path: str, prompts: int, pool: int, explore_steps: in
     return report
 
 
-def write_json_atomically(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(report, indent=1))
-    temporary.replace(path)
+def unknown_variants(names: list[str]) -> str | None:
+    """The one-line complaint about names that are not in VARIANTS, or None."""
+    unknown = [name for name in names if name not in VARIANTS]
+    return f"unknown variant(s) {', '.join(unknown)}; choose from: {', '.join(VARIANTS)}" if unknown else None
 
 
 def main() -> None:
@@ -189,10 +185,13 @@ def main() -> None:
     add_threads_option(parser)
     args = parser.parse_args()
     use_threads(args)
+    problem = unknown_variants(args.variants.split(","))
+    if problem:
+        parser.error(problem)
     probe = torch.randn(7, 48)
     assert torch.equal(fake_quantize_blocks(probe, 16), fake_quantize_nvfp4(probe)), "block-16 rounding disagrees"
     measure_variants(args.model_path, args.prompts, args.pool, args.explore_steps, args.variants.split(","),
-                     on_result=lambda report: write_json_atomically(args.out, report),
+                     on_result=lambda report: write_json(args.out, report),
                      log=lambda line: print(line, flush=True))
 
 

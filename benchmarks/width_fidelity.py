@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from benchmarks.base_model import measure_base  # noqa: E402
 from benchmarks.fidelity_anatomy import (NVFP4, VARIANTS, linear_names, measure_variants,  # noqa: E402
-                                         write_json_atomically)
+                                         unknown_variants)
+from solrl_core.ledger import atomic_write, write_json  # noqa: E402
 
 DEFAULT_VARIANTS = ["all layers W4A4", "skip list W4A4", "MLPs only W4A4", "skip list W8A8 FP8", "full precision"]
 PLOTTED = ("spearman", "top-12 precision")
@@ -121,12 +122,20 @@ def merge_entry(out: Path, entry: dict) -> dict:
         report = json.loads(out.read_text()) if out.exists() else {"widths": []}
         report["widths"] = sorted([w for w in report["widths"] if w["width"] != entry["width"]] + [entry],
                                   key=lambda w: w["width"])
-        write_json_atomically(out, report)
+        write_json(out, report)
         return report
 
 
 def metric(result: dict, name: str) -> float:
     return result["spearman"] if name == "spearman" else result["top_k_precision"].get("12", float("nan"))
+
+
+def _width_axis(axis, widths: list[dict], ylabel: str) -> None:
+    axis.set_xscale("log", base=2)
+    axis.set_xticks([w["width"] for w in widths], [str(w["width"]) for w in widths])
+    axis.set_xlabel("model width (channels)")
+    axis.set_ylabel(ylabel)
+    axis.grid(alpha=0.3)
 
 
 def plot_widths(report: dict, path: Path) -> None:
@@ -143,28 +152,18 @@ def plot_widths(report: dict, path: Path) -> None:
             points = [(w["width"], metric(r, name)) for w in widths for r in w["ranking"]["results"]
                       if r["variant"] == variant]
             axis.plot(*zip(*points), marker="o", label=variant)
-        axis.set_xscale("log", base=2)
-        axis.set_xticks([w["width"] for w in widths], [str(w["width"]) for w in widths])
-        axis.set_xlabel("model width (channels)")
-        axis.set_ylabel(name)
-        axis.grid(alpha=0.3)
+        _width_axis(axis, widths, name)
     axes[0].legend(fontsize=7)
     compliance = [w["held_out_rewards"]["shapes-compliance"] for w in widths]
     axes[-1].errorbar([w["width"] for w in widths], [c["mean"] for c in compliance],
                       yerr=[c["se"] for c in compliance], marker="o", capsize=3)
-    axes[-1].set_xscale("log", base=2)
-    axes[-1].set_xticks([w["width"] for w in widths], [str(w["width"]) for w in widths])
-    axes[-1].set_xlabel("model width (channels)")
-    axes[-1].set_ylabel("base held-out shapes-compliance (± SE)")
-    axes[-1].grid(alpha=0.3)
+    _width_axis(axes[-1], widths, "base held-out shapes-compliance (± SE)")
     first = widths[0]["ranking"]
     figure.suptitle(f"explorer ranking vs full precision ({first['prompts']} held-out prompts x {first['pool']} "
                     f"seeds, {first['explore_steps']} vs {first['full_precision_steps']} steps)")
     figure.tight_layout()
-    temporary = path.with_suffix(".tmp.png")
-    figure.savefig(temporary, dpi=100)
+    atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=100, format="png"))
     plt.close(figure)
-    temporary.replace(path)
 
 
 def main() -> None:
@@ -181,9 +180,9 @@ def main() -> None:
     add_threads_option(parser)
     args = parser.parse_args()
     use_threads(args)
-    unknown = [name for name in args.variants if name not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from: {', '.join(VARIANTS)}")
+    problem = unknown_variants(args.variants)
+    if problem:
+        parser.error(problem)
     for width, model_path in args.checkpoint:
         report = merge_entry(args.out, {**measure_width(width, model_path, args), "threads": torch.get_num_threads()})
         plot_widths(report, args.out.with_suffix(".png"))
