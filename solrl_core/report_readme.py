@@ -17,7 +17,7 @@ from solrl_core.fidelity import PAPER
 def write_readme(report_dir: Path) -> Path:
     sections = [_header()]
     for build in (_fidelity_section, _anatomy_section, _width_section, _compare_section, _ablation_sections,
-                  _benchmark_section, _footer):
+                  _rl_gain_section, _benchmark_section, _footer):
         text = build(report_dir)
         if text:
             sections.append(text)
@@ -248,6 +248,34 @@ def _ablation_sections(report_dir: Path) -> str | None:
             lines.append(f"\n![{name} ablation]({path.parent.name}/compare.png)")
         sections.append("\n".join(lines))
     return "\n\n".join(sections) or None
+
+
+def _rl_gain_section(report_dir: Path) -> str | None:
+    report = _load(report_dir / "benchmarks" / "rl_gain.json")
+    if not report or not report.get("settings"):
+        return None
+    goal = report["goal"]
+    first = report["runs"][0]
+    trained, untrained = first["trained_reward"], first["untrained_rewards"]
+    reference = "; ".join(f"{r['preset']} / {r['family']}" for r in report["reference"])
+    lines = ["## What moves make run's held-out gain (`benchmarks/rl_gain.json`)\n",
+             f"Finished runs of make run's job ({reference}), each with the settings it changed against the preset "
+             f"(read from the run's own summary.json by `benchmarks/rl_gain.py`); gain = final minus base held-out "
+             f"{trained}, ± SE over seeds where there are several; peak = best evaluation during the run. "
+             f"Goal (issue 10): gain ≥ +{goal['gain']:.2f} with the untrained "
+             f"{', '.join(untrained)} falling by at most {goal['untrained_drop_at_most']:.2f}.\n",
+             f"| settings changed | seeds | iterations | gain | peak gain | {' | '.join(untrained)} change | "
+             "CPU s (threads) |", "|---|---|---|---|---|" + "---|" * len(untrained) + "---|"]
+    by_run = {row["run"]: row for row in report["runs"]}
+    for entry in report["settings"]:
+        members = [by_run[run] for run in entry["runs"]]
+        se = f" ± {entry['gain_se']:.4f}" if entry["gain_se"] is not None else ""
+        seconds = ", ".join(f"{_num(m['seconds'], '.0f')} ({m['threads']})" for m in members)
+        lines.append(f"| {entry['settings']} | {', '.join(map(str, entry['seeds']))} | {entry['iterations']} | "
+                     f"{entry['gain_mean']:+.4f}{se} | {entry['peak_gain_mean']:+.4f} | "
+                     + " | ".join(f"{entry['untrained_change_mean'][name]:+.4f}" for name in untrained)
+                     + f" | {seconds} |")
+    return "\n".join(lines)
 
 
 def _benchmark_section(report_dir: Path) -> str | None:

@@ -1,0 +1,160 @@
+"""What moves the held-out gain of ``make run`` (issue 10, item 2): one table of finished runs.
+
+Each argument is a finished run folder (``solrl run --out DIR`` with any ``-S`` overrides). Its
+summary.json holds the resolved config and every evaluation. A row's settings are the keys where
+that config differs from the reference (the preset and family it ran, as resolved today), so the
+table cannot misstate what ran. Runs with the same settings and different seeds are pooled: the
+mean gain and its standard error over seeds.
+
+    .venv/bin/python benchmarks/rl_gain.py runs/probe/* --out reports/benchmarks/rl_gain.json
+
+The gain is the held-out reward the run trains on (final evaluation minus the base model's); the
+peak is the best evaluation during the run. The untrained held-out rewards (the aesthetic) are
+reported beside it, because a gain bought by hacking the trained reward shows up there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from solrl_core.config import ConfigError, to_dict  # noqa: E402
+from solrl_core.ledger import SUMMARY_FILE, write_json  # noqa: E402
+from solrl_core.presets import resolve_config  # noqa: E402
+from solrl_core.tracking import flatten_params  # noqa: E402
+
+# Issue 10's goal for make run: this much gain in the trained reward, at most this aesthetic loss.
+GOAL_GAIN, GOAL_UNTRAINED_DROP = 0.10, 0.03
+# Keys that name a run rather than change what it learns.
+NOT_SETTINGS = ("seed", "progress")
+
+
+class BadRun(Exception):
+    """A folder that is not a finished run this table can read; the message says which and why."""
+
+
+def read_run(folder: Path) -> dict:
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        raise BadRun(f"{folder}: no {SUMMARY_FILE}; give finished run folders (`solrl run --out DIR`)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        config, evaluations = summary["config"], summary["evaluations"]
+    except (ValueError, KeyError) as error:
+        raise BadRun(f"{path}: not a run summary ({error}); rerun the run or leave the folder out") from None
+    if not evaluations or evaluations[0].get("iteration") != -1:
+        raise BadRun(f"{path}: no base evaluation; the gain needs one (a run from an older version?)")
+    return summary
+
+
+def reference_settings(preset: str, family: str) -> dict[str, str]:
+    try:
+        return flatten_params(to_dict(resolve_config(preset, family)))
+    except ConfigError as error:
+        raise BadRun(f"preset {preset!r} / family {family!r} no longer resolve: {error}") from None
+
+
+def settings_of(config: dict, reference: dict[str, str]) -> dict[str, str]:
+    """The dotted keys where a run's config differs from the reference, with the run's values."""
+    flat = flatten_params(config)
+    keys = sorted((set(flat) | set(reference)) - set(NOT_SETTINGS))
+    return {key: flat.get(key, "(unset)") for key in keys if flat.get(key) != reference.get(key)}
+
+
+def run_row(folder: Path, summary: dict, reference: dict[str, str]) -> dict:
+    config = summary["config"]
+    trained = list(config["rewards"])[0]
+    untrained = [name for name in config["eval"]["rewards"] if name not in config["rewards"]]
+    evaluations = summary["evaluations"]
+    base, final = evaluations[0], evaluations[-1]
+    peak = max(evaluations[1:] or evaluations, key=lambda e: e[trained])
+    return {
+        "run": str(folder), "seed": config["seed"], "iterations": config["iterations"],
+        "settings": settings_of(config, reference),
+        "seconds": summary.get("seconds"), "threads": summary.get("threads"),
+        "trained_reward": trained, "untrained_rewards": untrained,
+        "base": {name: base[name] for name in [trained, *untrained]},
+        "final": {name: final[name] for name in [trained, *untrained]},
+        "gain": final[trained] - base[trained],
+        "peak_gain": peak[trained] - base[trained], "peak_iteration": peak["iteration"],
+        "untrained_change": {name: final[name] - base[name] for name in untrained},
+        "evaluations": evaluations,
+    }
+
+
+def label(settings: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in settings.items()) or "the preset as it is"
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float | None]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
+def pool_by_settings(rows: list[dict]) -> list[dict]:
+    """One entry per distinct settings, its seeds pooled; best mean gain first."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(label(row["settings"]), []).append(row)
+    pooled = []
+    for name, members in groups.items():
+        gain, gain_se = mean_and_se([m["gain"] for m in members])
+        peak, _ = mean_and_se([m["peak_gain"] for m in members])
+        untrained = {key: mean_and_se([m["untrained_change"][key] for m in members])[0]
+                     for key in members[0]["untrained_change"]}
+        pooled.append({
+            "settings": name, "seeds": sorted(m["seed"] for m in members), "iterations": members[0]["iterations"],
+            "gain_mean": gain, "gain_se": gain_se, "peak_gain_mean": peak, "untrained_change_mean": untrained,
+            "meets_goal": gain >= GOAL_GAIN and all(change >= -GOAL_UNTRAINED_DROP for change in untrained.values()),
+            "runs": [m["run"] for m in members],
+        })
+    return sorted(pooled, key=lambda entry: -entry["gain_mean"])
+
+
+def build_report(folders: list[Path]) -> dict:
+    summaries = [(folder, read_run(folder)) for folder in folders]
+    references: dict[tuple[str, str], dict[str, str]] = {}
+    rows = []
+    for folder, summary in summaries:
+        key = (summary["config"]["preset"], summary["config"]["family"])
+        if key not in references:
+            references[key] = reference_settings(*key)
+        rows.append(run_row(folder, summary, references[key]))
+    return {
+        "reference": [{"preset": preset, "family": family} for preset, family in references],
+        "goal": {"gain": GOAL_GAIN, "untrained_drop_at_most": GOAL_UNTRAINED_DROP},
+        "settings": pool_by_settings(rows),
+        "runs": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
+    parser.add_argument("--out", type=Path, default=Path("reports/benchmarks/rl_gain.json"))
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(args.runs)
+    except BadRun as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    write_json(args.out, report)
+    for entry in report["settings"]:
+        se = f" ± {entry['gain_se']:.4f}" if entry["gain_se"] is not None else ""
+        untrained = ", ".join(f"{k} {v:+.4f}" for k, v in entry["untrained_change_mean"].items())
+        print(f"{entry['gain_mean']:+.4f}{se} (peak {entry['peak_gain_mean']:+.4f}; {untrained}; seeds "
+              f"{entry['seeds']}): {entry['settings']}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

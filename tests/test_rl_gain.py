@@ -1,0 +1,89 @@
+"""benchmarks/rl_gain.py: the table of what moves make run's held-out gain states what each run
+changed from its own record, pools seeds honestly, and refuses folders it cannot read."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.rl_gain import main
+from solrl_core.config import parse_override, to_dict
+from solrl_core.presets import resolve_config
+
+
+def _finished_run(folder, overrides=(), seed=0, compliance=(0.50, 0.55), aesthetic=(0.95, 0.94)):
+    """A run folder as `solrl run` leaves it: summary.json with the resolved config and evaluations."""
+    config = resolve_config("shapes-tiny", "sol_rl", [parse_override(o) for o in (*overrides, f"seed={seed}")])
+    evaluations = [{"iteration": -1, "shapes-compliance": compliance[0], "shapes-aesthetic": aesthetic[0]},
+                   {"iteration": 4, "shapes-compliance": max(compliance) + 0.01, "shapes-aesthetic": aesthetic[0]},
+                   {"iteration": 19, "shapes-compliance": compliance[1], "shapes-aesthetic": aesthetic[1]}]
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(
+        {"config": to_dict(config), "evaluations": evaluations, "seconds": 300.0, "threads": 2}))
+    return folder
+
+
+def _report(tmp_path, folders):
+    out = tmp_path / "rl_gain.json"
+    assert main([*map(str, folders), "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_row_names_exactly_the_settings_its_run_changed(tmp_path):
+    changed = _finished_run(tmp_path / "a", ["pool=16", "keep=4", "prompts_per_iteration=24"], seed=3)
+    preset = _finished_run(tmp_path / "b")
+    rows = {row["run"]: row for row in _report(tmp_path, [changed, preset])["runs"]}
+    # The seed names the run; it is not a setting.
+    assert rows[str(changed)]["settings"] == {"keep": "4", "pool": "16", "prompts_per_iteration": "24"}
+    assert rows[str(preset)]["settings"] == {}
+
+
+def test_seeds_of_one_setting_pool_into_a_mean_and_its_standard_error(tmp_path):
+    runs = [_finished_run(tmp_path / "s0", ["train.lr=0.002"], seed=0, compliance=(0.50, 0.56)),
+            _finished_run(tmp_path / "s1", ["train.lr=0.002"], seed=1, compliance=(0.50, 0.60)),
+            _finished_run(tmp_path / "p0", seed=0, compliance=(0.50, 0.51), aesthetic=(0.95, 0.90))]
+    report = _report(tmp_path, runs)
+    best, preset = report["settings"]
+    assert best["settings"] == "train.lr=0.002" and best["seeds"] == [0, 1]
+    assert best["gain_mean"] == pytest.approx(0.08)
+    assert best["gain_se"] == pytest.approx(math.sqrt(0.04**2 / 2 / 2))
+    assert best["peak_gain_mean"] == pytest.approx(0.09)  # the iteration-4 evaluation, 0.01 over the best final
+    assert not best["meets_goal"]  # +0.08 is short of +0.10
+    # One seed has no standard error, and a gain paid for in the aesthetic is reported beside it.
+    assert preset["settings"] == "the preset as it is" and preset["gain_se"] is None
+    assert preset["untrained_change_mean"]["shapes-aesthetic"] == pytest.approx(-0.05)
+
+
+def test_the_goal_needs_the_gain_and_the_untrained_reward_kept(tmp_path):
+    kept = _finished_run(tmp_path / "kept", ["train.lr=0.002"], compliance=(0.50, 0.61), aesthetic=(0.95, 0.93))
+    hacked = _finished_run(tmp_path / "hacked", compliance=(0.50, 0.70), aesthetic=(0.95, 0.90))
+    goals = {entry["settings"]: entry["meets_goal"] for entry in _report(tmp_path, [kept, hacked])["settings"]}
+    assert goals == {"train.lr=0.002": True, "the preset as it is": False}
+
+
+def test_a_folder_that_is_not_a_finished_run_stops_with_one_line(tmp_path, capsys):
+    good = _finished_run(tmp_path / "good")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    out = tmp_path / "rl_gain.json"
+    assert main([str(good), str(unfinished), "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "unfinished" in error and "summary.json" in error
+    assert not out.exists()
+
+
+def test_the_reports_page_has_a_row_per_setting_best_gain_first(tmp_path):
+    from solrl_core.report_readme import write_readme
+
+    runs = [_finished_run(tmp_path / "runs" / "lr", ["train.lr=0.002"], compliance=(0.50, 0.58)),
+            _finished_run(tmp_path / "runs" / "preset", compliance=(0.50, 0.51))]
+    (tmp_path / "benchmarks").mkdir()
+    assert main([*map(str, runs), "--out", str(tmp_path / "benchmarks" / "rl_gain.json")]) == 0
+    page = write_readme(tmp_path).read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| train.lr=0.002 |")
+            or line.startswith("| the preset as it is |")]
+    assert rows[0].startswith("| train.lr=0.002 | 0 | 20 | +0.0800 |")
+    assert rows[1].startswith("| the preset as it is | 0 | 20 | +0.0100 |")
+    assert "300 (2)" in rows[0]
