@@ -63,7 +63,16 @@ def settings_of(config: dict, reference: dict[str, str]) -> dict[str, str]:
     """The dotted keys where a run's config differs from the reference, with the run's values."""
     flat = flatten_params(config)
     keys = sorted((set(flat) | set(reference)) - set(NOT_SETTINGS))
-    return {key: flat.get(key, "(unset)") for key in keys if flat.get(key) != reference.get(key)}
+    return {key: as_given(flat.get(key, "(unset)")) for key in keys if flat.get(key) != reference.get(key)}
+
+
+def as_given(value: str) -> str:
+    """A path inside the working directory as a user would type it there (runs resolve paths to
+    absolute ones; a report should not carry this machine's folders)."""
+    path = Path(value)
+    if path.is_absolute() and path.is_relative_to(Path.cwd()):
+        return str(path.relative_to(Path.cwd()))
+    return value
 
 
 def run_row(folder: Path, summary: dict, reference: dict[str, str]) -> dict:

@@ -87,3 +87,12 @@ def test_the_reports_page_has_a_row_per_setting_best_gain_first(tmp_path):
     assert rows[0].startswith("| train.lr=0.002 | 0 | 20 | +0.0800 |")
     assert rows[1].startswith("| the preset as it is | 0 | 20 | +0.0100 |")
     assert "300 (2)" in rows[0]
+
+
+def test_a_path_setting_reads_as_given_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prompts = tmp_path / "prompts" / "few.txt"
+    prompts.parent.mkdir()
+    prompts.write_text("a large red circle in the center on a white background\n")
+    run = _finished_run(tmp_path / "run", [f"prompts.train_file={prompts}"])
+    assert _report(tmp_path, [run])["runs"][0]["settings"] == {"prompts.train_file": "prompts/few.txt"}
