@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from solrl_core.config import ConfigError, to_dict  # noqa: E402
 from solrl_core.ledger import SUMMARY_FILE, write_json  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
+from solrl_core.seed_stats import mean_se  # noqa: E402
 from solrl_core.tracking import flatten_params  # noqa: E402
 
 # Issue 10's goal for make run: this much gain in the trained reward, at most this aesthetic loss.
@@ -100,14 +100,6 @@ def label(settings: dict[str, str]) -> str:
     return ", ".join(f"{key}={value}" for key, value in settings.items()) or "the preset as it is"
 
 
-def mean_and_se(values: list[float]) -> tuple[float, float | None]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
-
-
 def pool_by_settings(rows: list[dict]) -> list[dict]:
     """One entry per distinct settings, its seeds pooled; best mean gain first."""
     groups: dict[str, list[dict]] = {}
@@ -115,12 +107,13 @@ def pool_by_settings(rows: list[dict]) -> list[dict]:
         groups.setdefault(label(row["settings"]), []).append(row)
     pooled = []
     for name, members in groups.items():
-        gain, gain_se = mean_and_se([m["gain"] for m in members])
-        peak, _ = mean_and_se([m["peak_gain"] for m in members])
-        untrained = {key: mean_and_se([m["untrained_change"][key] for m in members])[0]
+        members = sorted(members, key=lambda m: m["seed"])  # seeds and runs listed in the same order
+        gain, gain_se = mean_se([m["gain"] for m in members])
+        peak, _ = mean_se([m["peak_gain"] for m in members])
+        untrained = {key: mean_se([m["untrained_change"][key] for m in members])[0]
                      for key in members[0]["untrained_change"]}
         pooled.append({
-            "settings": name, "seeds": sorted(m["seed"] for m in members), "iterations": members[0]["iterations"],
+            "settings": name, "seeds": [m["seed"] for m in members], "iterations": members[0]["iterations"],
             "gain_mean": gain, "gain_se": gain_se, "peak_gain_mean": peak, "untrained_change_mean": untrained,
             "meets_goal": gain >= GOAL_GAIN and all(change >= -GOAL_UNTRAINED_DROP for change in untrained.values()),
             "runs": [m["run"] for m in members],
