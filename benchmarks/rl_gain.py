@@ -11,6 +11,12 @@ mean gain and its standard error over seeds.
 The gain is the held-out reward the run trains on (final evaluation minus the base model's); the
 peak is the best evaluation during the run. The untrained held-out rewards (the aesthetic) are
 reported beside it, because a gain bought by hacking the trained reward shows up there.
+
+``--terms`` also says what a shapes-compliance gain is made of: each run's base and final
+evaluation images are sampled again (the base model, and the final EMA adapter from the run's
+lora.safetensors, at the run's own prompts, seeds, sampler and steps) and split into the reward's
+terms (background; each object's amount of colour, location and shape). The resampled compliance
+must match the one the run recorded, so the split is of the images the run was scored on.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from solrl_core.config import ConfigError, to_dict  # noqa: E402
 from solrl_core.ledger import SUMMARY_FILE, write_json  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
@@ -32,6 +39,10 @@ from solrl_core.tracking import flatten_params  # noqa: E402
 GOAL_GAIN, GOAL_UNTRAINED_DROP = 0.10, 0.03
 # Keys that name a run rather than change what it learns.
 NOT_SETTINGS = ("seed", "progress")
+# Resampled compliance against the recorded one: another thread count moves a mean by ~1e-6;
+# another base model or adapter moves it by far more.
+RESAMPLE_TOLERANCE = 1e-3
+TERMS_OF = {"shapes-compliance": ("background", "amount", "location", "shape")}
 
 
 class BadRun(Exception):
@@ -96,6 +107,40 @@ def run_row(folder: Path, summary: dict, reference: dict[str, str]) -> dict:
     }
 
 
+def compliance_terms_of_run(folder: Path, summary: dict) -> dict[str, dict[str, float]] | None:
+    """{term: {"base", "final"}} means of the run's evaluation images, resampled (module doc);
+    None when the run trained a reward without terms."""
+    trained = list(summary["config"]["rewards"])[0]
+    if trained not in TERMS_OF:
+        return None
+    adapters = folder / "lora.safetensors"
+    if not adapters.is_file():
+        raise BadRun(f"{folder}: no lora.safetensors, so its final images cannot be resampled; leave out --terms")
+    from safetensors.torch import load_file
+
+    from solrl_core import stages
+    from solrl_core.config import Config, apply_mapping
+    from solrl_core.models.adapters import EMA, load_adapter_state
+    from solrl_core.world.rewards import compliance_terms
+
+    config = Config()
+    apply_mapping(config, summary["config"])
+    state = stages.initial_state(config)
+    prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
+    evaluations = summary["evaluations"]
+    sides = {}
+    for side, adapter, recorded in (("base", None, evaluations[0]), ("final", EMA, evaluations[-1])):
+        if adapter is not None:
+            load_adapter_state(state.policy.transformer, load_file(str(adapters)))
+        rewards, images = stages.evaluate(state, adapter)
+        if abs(rewards[trained] - recorded[trained]) > RESAMPLE_TOLERANCE:
+            raise BadRun(f"{folder}: its {side} images resampled score {trained} {rewards[trained]:.4f}, the run "
+                         f"recorded {recorded[trained]:.4f}; it was made by other code or another base model")
+        sides[side] = {name: float(values.mean()) for name, values in compliance_terms(images, prompts).items()}
+    return {name: {"base": sides["base"][name], "final": sides["final"][name]}
+            for name in ("compliance", *TERMS_OF[trained])}
+
+
 def label(settings: dict[str, str]) -> str:
     return ", ".join(f"{key}={value}" for key, value in settings.items()) or "the preset as it is"
 
@@ -112,16 +157,20 @@ def pool_by_settings(rows: list[dict]) -> list[dict]:
         peak, _ = mean_se([m["peak_gain"] for m in members])
         untrained = {key: mean_se([m["untrained_change"][key] for m in members])[0]
                      for key in members[0]["untrained_change"]}
+        terms = members[0].get("terms")
+        term_change = None if terms is None else {
+            key: mean_se([m["terms"][key]["final"] - m["terms"][key]["base"] for m in members])[0] for key in terms}
         pooled.append({
             "settings": name, "seeds": [m["seed"] for m in members], "iterations": members[0]["iterations"],
             "gain_mean": gain, "gain_se": gain_se, "peak_gain_mean": peak, "untrained_change_mean": untrained,
+            "term_change_mean": term_change,
             "meets_goal": gain >= GOAL_GAIN and all(change >= -GOAL_UNTRAINED_DROP for change in untrained.values()),
             "runs": [m["run"] for m in members],
         })
     return sorted(pooled, key=lambda entry: -entry["gain_mean"])
 
 
-def build_report(folders: list[Path]) -> dict:
+def build_report(folders: list[Path], terms: bool = False) -> dict:
     summaries = [(folder, read_run(folder)) for folder in folders]
     references: dict[tuple[str, str], dict[str, str]] = {}
     rows = []
@@ -129,7 +178,10 @@ def build_report(folders: list[Path]) -> dict:
         key = (summary["config"]["preset"], summary["config"]["family"])
         if key not in references:
             references[key] = reference_settings(*key)
-        rows.append(run_row(folder, summary, references[key]))
+        row = run_row(folder, summary, references[key])
+        if terms:
+            row["terms"] = compliance_terms_of_run(folder, summary)
+        rows.append(row)
     return {
         "reference": [{"preset": preset, "family": family} for preset, family in references],
         "goal": {"gain": GOAL_GAIN, "untrained_drop_at_most": GOAL_UNTRAINED_DROP},
@@ -142,9 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
     parser.add_argument("--out", type=Path, default=Path("reports/benchmarks/rl_gain.json"))
+    parser.add_argument("--terms", action="store_true",
+                        help="also split each run's compliance gain into the reward's terms (resamples its images)")
+    add_threads_option(parser)
     args = parser.parse_args(argv)
+    use_threads(args)
     try:
-        report = build_report(args.runs)
+        report = build_report(args.runs, terms=args.terms)
     except BadRun as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -152,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for entry in report["settings"]:
         se = f" ± {entry['gain_se']:.4f}" if entry["gain_se"] is not None else ""
         untrained = ", ".join(f"{k} {v:+.4f}" for k, v in entry["untrained_change_mean"].items())
-        print(f"{entry['gain_mean']:+.4f}{se} (peak {entry['peak_gain_mean']:+.4f}; {untrained}; seeds "
+        made_of = "".join(f"; {k} {v:+.4f}" for k, v in (entry["term_change_mean"] or {}).items() if k != "compliance")
+        print(f"{entry['gain_mean']:+.4f}{se} (peak {entry['peak_gain_mean']:+.4f}; {untrained}{made_of}; seeds "
               f"{entry['seeds']}): {entry['settings']}")
     print(f"wrote {args.out}")
     return 0

@@ -258,14 +258,18 @@ def _rl_gain_section(report_dir: Path) -> str | None:
     first = report["runs"][0]
     trained, untrained = first["trained_reward"], first["untrained_rewards"]
     reference = "; ".join(f"{r['preset']} / {r['family']}" for r in report["reference"])
+    # Term changes are there when rl_gain.py ran with --terms (they need each run's images resampled).
+    terms = any(entry.get("term_change_mean") for entry in report["settings"])
     lines = ["## What moves make run's held-out gain (`benchmarks/rl_gain.json`)\n",
              f"Finished runs of make run's job ({reference}), each with the settings it changed against the preset "
              f"(read from the run's own summary.json by `benchmarks/rl_gain.py`); gain = final minus base held-out "
              f"{trained}, ± SE over seeds where there are several; peak = best evaluation during the run. "
              f"Goal (issue 10): gain ≥ +{goal['gain']:.2f} with the untrained "
-             f"{', '.join(untrained)} falling by at most {goal['untrained_drop_at_most']:.2f}.\n",
+             f"{', '.join(untrained)} falling by at most {goal['untrained_drop_at_most']:.2f}."
+             + (_terms_sentence(report) if terms else "") + "\n",
              f"| settings changed | seeds | iterations | gain | peak gain | {' | '.join(untrained)} change | "
-             "CPU s (threads) |", "|---|---|---|---|---|" + "---|" * len(untrained) + "---|"]
+             + ("made of (term changes) | " if terms else "")
+             + "CPU s (threads) |", "|---|---|---|---|---|" + "---|" * (len(untrained) + bool(terms)) + "---|"]
     by_run = {row["run"]: row for row in report["runs"]}
     for entry in report["settings"]:
         members = [by_run[run] for run in entry["runs"]]
@@ -274,8 +278,22 @@ def _rl_gain_section(report_dir: Path) -> str | None:
         lines.append(f"| {entry['settings']} | {', '.join(map(str, entry['seeds']))} | {entry['iterations']} | "
                      f"{entry['gain_mean']:+.4f}{se} | {entry['peak_gain_mean']:+.4f} | "
                      + " | ".join(f"{entry['untrained_change_mean'][name]:+.4f}" for name in untrained)
+                     + (f" | {_term_changes(entry.get('term_change_mean'))}" if terms else "")
                      + f" | {seconds} |")
     return "\n".join(lines)
+
+
+def _terms_sentence(report: dict) -> str:
+    base = next(row["terms"] for row in report["runs"] if row.get("terms"))
+    values = ", ".join(f"{name} {value['base']:.3f}" for name, value in base.items() if name != "compliance")
+    return (f" Made of: the change of each term of the trained reward, from the run's base and final images "
+            f"resampled (`--terms`; the base scores {values}).")
+
+
+def _term_changes(changes: dict[str, float] | None) -> str:
+    if not changes:
+        return "n/a"
+    return ", ".join(f"{name} {value:+.3f}" for name, value in changes.items() if name != "compliance")
 
 
 def _benchmark_section(report_dir: Path) -> str | None:

@@ -96,3 +96,48 @@ def test_a_path_setting_reads_as_given_in_the_working_directory(tmp_path, monkey
     prompts.write_text("a large red circle in the center on a white background\n")
     run = _finished_run(tmp_path / "run", [f"prompts.train_file={prompts}"])
     assert _report(tmp_path, [run])["runs"][0]["settings"] == {"prompts.train_file": "prompts/few.txt"}
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """A real two-iteration run of make run's job, made small."""
+    from flows.cli import main as solrl
+
+    out = tmp_path_factory.mktemp("real") / "run"
+    small = ["prompts_per_iteration=2", "pool=8", "keep=4", "eval.prompts=4", "eval.seeds_per_prompt=2",
+             "eval.steps=4", "explore.steps=3", "regenerate.steps=4", "progress=false"]
+    assert solrl(["run", "--preset", "shapes-tiny", "--iterations", "2", "--out", str(out), "--no-tracking",
+                  *[arg for setting in small for arg in ("-S", setting)]]) == 0
+    return out
+
+
+def test_terms_split_the_images_the_run_was_scored_on(real_run, tmp_path):
+    out = tmp_path / "rl_gain.json"
+    assert main([str(real_run), "--terms", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row, summary = report["runs"][0], json.loads((real_run / "summary.json").read_text())
+    # The resampled images score what the run recorded, before and after training.
+    assert row["terms"]["compliance"]["base"] == pytest.approx(summary["evaluations"][0]["shapes-compliance"], abs=1e-3)
+    assert row["terms"]["compliance"]["final"] == pytest.approx(summary["evaluations"][-1]["shapes-compliance"], abs=1e-3)
+    assert set(row["terms"]) == {"compliance", "background", "amount", "location", "shape"}
+    assert all(0.0 <= side <= 1.0 for term in row["terms"].values() for side in term.values())
+    change = report["settings"][0]["term_change_mean"]
+    assert change["amount"] == pytest.approx(row["terms"]["amount"]["final"] - row["terms"]["amount"]["base"])
+
+
+def test_terms_refuse_a_run_whose_record_its_images_do_not_match(real_run, tmp_path, capsys):
+    import shutil
+
+    altered = tmp_path / "altered"
+    shutil.copytree(real_run, altered)
+    summary = json.loads((altered / "summary.json").read_text())
+    summary["evaluations"][-1]["shapes-compliance"] += 0.05  # a record of other images than these adapters draw
+    (altered / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "rl_gain.json"
+    assert main([str(altered), "--terms", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "resampled" in error and "final" in error
+    assert not out.exists()
+    (altered / "lora.safetensors").unlink()
+    assert main([str(altered), "--terms", "--out", str(out)]) == 2
+    assert "lora.safetensors" in capsys.readouterr().err
