@@ -284,10 +284,21 @@ def _rl_gain_section(report_dir: Path) -> str | None:
 
 
 def _terms_sentence(report: dict) -> str:
-    base = next(row["terms"] for row in report["runs"] if row.get("terms"))
-    values = ", ".join(f"{name} {value['base']:.3f}" for name, value in base.items() if name != "compliance")
+    """The base's term values the "made of" column starts from: those most runs share (the preset's
+    base), and, separately, the settings whose runs start from another base (a wider model)."""
+    bases: dict[str, list[str]] = {}
+    for entry in report["settings"]:
+        for row in (r for r in report["runs"] if r["run"] in entry["runs"] and r.get("terms")):
+            values = ", ".join(f"{name} {value['base']:.3f}" for name, value in row["terms"].items()
+                               if name != "compliance")
+            bases.setdefault(values, [])
+            if entry["settings"] not in bases[values]:
+                bases[values].append(entry["settings"])
+    common = max(bases, key=lambda values: len(bases[values]))
+    others = "".join(f"; the runs of `{', '.join(settings)}` start from another base: {values}"
+                     for values, settings in bases.items() if values != common)
     return (f" Made of: the change of each term of the trained reward, from the run's base and final images "
-            f"resampled (`--terms`; the base scores {values}).")
+            f"resampled (`--terms`; the base scores {common}{others}).")
 
 
 def _term_changes(changes: dict[str, float] | None) -> str:

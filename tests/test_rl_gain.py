@@ -89,6 +89,21 @@ def test_the_reports_page_has_a_row_per_setting_best_gain_first(tmp_path):
     assert "300 (2)" in rows[0]
 
 
+def test_the_made_of_sentence_names_the_rows_that_start_from_another_base():
+    from solrl_core.report_readme import _terms_sentence
+
+    def run(name, amount):
+        return {"run": name, "terms": {"compliance": {"base": 0.5}, "amount": {"base": amount}}}
+
+    report = {"runs": [run("a", 0.7), run("b", 0.7), run("wide", 0.9)],
+              "settings": [{"settings": "the preset as it is", "runs": ["a"]},
+                           {"settings": "train.lr=0.002", "runs": ["b"]},
+                           {"settings": "model.path=wide.safetensors", "runs": ["wide"]}]}
+    sentence = _terms_sentence(report)
+    assert "the base scores amount 0.700;" in sentence
+    assert "`model.path=wide.safetensors` start from another base: amount 0.900" in sentence
+
+
 def test_a_path_setting_reads_as_given_in_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prompts = tmp_path / "prompts" / "few.txt"
