@@ -11,7 +11,6 @@ their caption on the left and one image per evaluation seed.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -21,11 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
+from solrl_core.seed_stats import mean_se  # noqa: E402
 
 
 def mean_and_se(values: torch.Tensor) -> dict:
-    values = values[torch.isfinite(values)].double()
-    return {"mean": float(values.mean()), "se": float(values.std() / math.sqrt(len(values))), "n": len(values)}
+    finite = values[torch.isfinite(values)].double().tolist()
+    mean, se = mean_se(finite)
+    return {"mean": mean, "se": se, "n": len(finite)}
 
 
 def captioned_grid(images: torch.Tensor, prompts: list[str], per_prompt: int, rows: int, path: Path) -> None:

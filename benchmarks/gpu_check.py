@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.quant import nvfp4_linear  # noqa: E402
 from solrl_core.quant.fp8 import FP8Tensor, fp8_matmul, quantize_activation, quantize_fp8  # noqa: E402
 
@@ -314,9 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_check(args.smoke)
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(report, indent=2) + "\n")
-    temporary.replace(out)
+    write_json(out, report)
     print(json.dumps({"out": str(out), "seconds": report["seconds"],
                       "transformer_speedup_vs_bf16": report["transformer"]["speedup_vs_bf16"],
                       "iteration_seconds": report["iteration"]["seconds"]}))

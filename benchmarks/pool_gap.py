@@ -13,9 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from solrl_core.ledger import write_json  # noqa: E402
 
 POOLS = (24, 48, 72, 96)
 
@@ -74,9 +79,7 @@ def main() -> None:
     rows = gap_table(rewards, args.keep)
     report = {"source": str(args.fidelity_json), "prompts": rewards.shape[0], "seeds": rewards.shape[1],
               "full_precision_steps": study["full_precision"]["steps"], "rows": rows}
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(report, indent=1))
-    temporary.replace(args.out)
+    write_json(args.out, report)
     plot(rows, args.out.with_suffix(".png"))
     for row in rows:
         print(f"N {row['pool']:3d}  gap {row['gap_mean']:.4f} ± {row['gap_se']:.4f}  "
