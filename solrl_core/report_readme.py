@@ -17,7 +17,7 @@ from solrl_core.fidelity import PAPER
 def write_readme(report_dir: Path) -> Path:
     sections = [_header()]
     for build in (_fidelity_section, _anatomy_section, _width_section, _compare_section, _ablation_sections,
-                  _rl_gain_section, _benchmark_section, _footer):
+                  _rl_gain_section, _teacher_section, _benchmark_section, _footer):
         text = build(report_dir)
         if text:
             sections.append(text)
@@ -280,6 +280,35 @@ def _rl_gain_section(report_dir: Path) -> str | None:
                      + " | ".join(f"{entry['untrained_change_mean'][name]:+.4f}" for name in untrained)
                      + (f" | {_term_changes(entry.get('term_change_mean'))}" if terms else "")
                      + f" | {seconds} |")
+    return "\n".join(lines)
+
+
+def _teacher_section(report_dir: Path) -> str | None:
+    """benchmarks/perfect_teacher*.json: make run's adapter fine-tuned on ground truth, one row per file."""
+    reports = [(path, _load(path)) for path in sorted((report_dir / "benchmarks").glob("perfect_teacher*.json"))]
+    if not reports:
+        return None
+    steps = [entry["step"] for entry in reports[0][1]["evaluations"] if entry["step"]]
+    lines = ["## What a perfect teacher buys the same adapter (`benchmarks/perfect_teacher*.json`)\n",
+             "make run's LoRA, AdamW and per-step budget (images x noise levels of one RL optimizer step), "
+             "fine-tuned by flow matching on the renderer's drawings of the training captions (compliance ~1) "
+             "instead of on ranked samples; held-out compliance change of the EMA adapter (the trained one in "
+             "brackets) after each number of optimizer steps, and what it is made of at the last. make run's "
+             f"budget is {reports[0][1]['make_run_budget_steps']} steps.\n",
+             "| file | lr | LoRA rank | " + " | ".join(f"{step} steps" for step in steps)
+             + " | aesthetic change | amount / location / shape change |",
+             "|---|---|---|" + "---|" * len(steps) + "---|---|"]
+    for path, report in reports:
+        base, by_step = report["base"], {entry["step"]: entry for entry in report["evaluations"]}
+        cells = []
+        for step in steps:
+            entry = by_step.get(step)
+            cells.append("n/a" if entry is None else f"{entry['ema']['compliance'] - base['compliance']:+.4f} "
+                                                     f"({entry['trained']['compliance'] - base['compliance']:+.4f})")
+        last = report["evaluations"][-1]["ema"]
+        made_of = " / ".join(f"{last[name] - base[name]:+.3f}" for name in ("amount", "location", "shape"))
+        lines.append(f"| `{path.name}` | {report['lr']:g} | {report['lora']['rank']} | " + " | ".join(cells)
+                     + f" | {last['aesthetic'] - base['aesthetic']:+.4f} | {made_of} |")
     return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ def test_the_report_starts_from_the_base_a_run_records_and_its_gain_is_measured_
     from solrl_core.config import parse_override
     from solrl_core.presets import resolve_config
 
-    out = tmp_path / "teacher.json"
+    out = tmp_path / "benchmarks" / "perfect_teacher.json"
     assert main([*_args(SMALL), "--checkpoints", "1,2", "--out", str(out), "--threads", "1"]) == 0
     report = json.loads(out.read_text(encoding="utf-8"))
     config = resolve_config("shapes-tiny", "sol_rl", [parse_override(s) for s in SMALL] + [("progress", False)])
@@ -61,6 +61,13 @@ def test_the_report_starts_from_the_base_a_run_records_and_its_gain_is_measured_
     assert final["trained"] != report["base"]  # the adapter moved
     for entry in report["evaluations"]:
         assert all(0.0 <= value <= 1.0 for adapter in ("ema", "trained") for value in entry[adapter].values())
+
+    from solrl_core.report_readme import write_readme
+
+    row = next(line for line in write_readme(tmp_path).read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `perfect_teacher.json` |"))
+    change = final["ema"]["compliance"] - report["base"]["compliance"]
+    assert f"| {change:+.4f} ({report['gain_at_budget']['trained']:+.4f}) |" in row
 
 
 @pytest.mark.parametrize("argv, named", [
