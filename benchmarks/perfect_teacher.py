@@ -52,9 +52,9 @@ def items_per_step(config) -> tuple[int, int]:
     """(images, noise levels per image) of one RL optimizer step: the kept samples of an iteration
     split over its steps, each trained at ``timestep_fraction`` of the regeneration grid."""
     from solrl_core.config import train_steps
+    from solrl_core.stages import timesteps_per_sample
 
-    grid = train_steps(config)
-    levels = min(grid, max(1, round(config.train.timestep_fraction * grid)))
+    levels = timesteps_per_sample(train_steps(config), config.train.timestep_fraction)
     images = config.prompts_per_iteration * config.keep // config.train.steps_per_iteration
     return max(1, images), levels
 
@@ -85,14 +85,17 @@ def flow_matching_step(state, latents: torch.Tensor, prompts: list[str], levels:
 
 
 def evaluate_terms(state, adapter) -> dict[str, float]:
+    """The run's own evaluation (compliance and aesthetic as ``stages.evaluate`` scores them), with
+    the terms compliance is made of, from the same images."""
     from solrl_core import stages
-    from solrl_core.world.rewards import compliance_terms, shapes_aesthetic
+    from solrl_core.world.rewards import compliance_terms
 
-    _, images = stages.evaluate(state, adapter=adapter)
+    means, images = stages.evaluate(state, adapter=adapter)
     prompts = [p for p in state.eval_prompts for _ in range(state.config.eval.seeds_per_prompt)]
     terms = compliance_terms(images, prompts)
-    result = {name: float(terms[name].mean()) for name in TERMS}
-    result["aesthetic"] = float(shapes_aesthetic(images, prompts).mean())
+    result = {"compliance": means["shapes-compliance"]}
+    result.update({name: float(terms[name].mean()) for name in TERMS if name != "compliance"})
+    result["aesthetic"] = means["shapes-aesthetic"]
     return result
 
 
@@ -116,6 +119,10 @@ def resolve(overrides: list[str], checkpoints_text: str):
         raise BadRequest(str(error)) from None
     if config.model.loader != "shapes-tiny":
         raise BadRequest(f"the teacher draws the shapes world's captions; model.loader is {config.model.loader!r}")
+    scored = set(config.rewards) | set(config.eval.rewards)
+    if not {"shapes-compliance", "shapes-aesthetic"} <= scored:
+        raise BadRequest(f"the teacher reports shapes-compliance and shapes-aesthetic; eval.rewards is "
+                         f"{list(config.eval.rewards)}")
     if checkpoints[0] < 1:
         raise BadRequest(f"--checkpoints are optimizer steps >= 1, got {checkpoints_text!r}")
     return config, checkpoints

@@ -396,8 +396,14 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
 
 
 def _timesteps_per_sample(config: Config, rollout: Rollout) -> int:
-    grid = len(rollout.sigmas) - 1  # sigma = 0 carries no training signal
-    return min(grid, max(1, round(config.train.timestep_fraction * grid)))
+    # sigma = 0 carries no training signal
+    return timesteps_per_sample(len(rollout.sigmas) - 1, config.train.timestep_fraction)
+
+
+def timesteps_per_sample(grid: int, fraction: float) -> int:
+    """How many of a sample's ``grid`` nonzero sampler timesteps the update trains on: the
+    fraction of the grid, rounded, at least one and at most all of it."""
+    return min(grid, max(1, round(fraction * grid)))
 
 
 def _train_items(config: Config, rollout: Rollout, iteration: int) -> list[_TrainItem]:

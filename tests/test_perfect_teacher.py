@@ -75,6 +75,7 @@ def test_the_report_starts_from_the_base_a_run_records_and_its_gain_is_measured_
     (["--checkpoints", "four"], "four"),
     (["--set", "pool=many"], "pool"),
     (["--set", "model.loader=sd3"], "model.loader"),
+    (["--set", "eval.rewards=[shapes-compliance]"], "eval.rewards"),
 ])
 def test_a_bad_request_stops_with_one_line_and_writes_nothing(tmp_path, capsys, argv, named):
     out = tmp_path / "teacher.json"
