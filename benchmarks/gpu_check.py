@@ -314,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")
         report = run_check(args.smoke)
     out = args.out or default_out()
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, report)
     print(json.dumps({"out": str(out), "seconds": report["seconds"],
                       "transformer_speedup_vs_bf16": report["transformer"]["speedup_vs_bf16"],

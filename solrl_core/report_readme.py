@@ -315,9 +315,10 @@ def _teacher_section(report_dir: Path) -> str | None:
 def _terms_sentence(report: dict) -> str:
     """The base's term values the "made of" column starts from: those most runs share (the preset's
     base), and, separately, the settings whose runs start from another base (a wider model)."""
+    by_run = {row["run"]: row for row in report["runs"]}
     bases: dict[str, list[str]] = {}
     for entry in report["settings"]:
-        for row in (r for r in report["runs"] if r["run"] in entry["runs"] and r.get("terms")):
+        for row in (by_run[run] for run in entry["runs"] if by_run[run].get("terms")):
             values = ", ".join(f"{name} {value['base']:.3f}" for name, value in row["terms"].items()
                                if name != "compliance")
             bases.setdefault(values, [])
