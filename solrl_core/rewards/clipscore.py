@@ -47,9 +47,7 @@ class ClipSimilarity:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        with self.residency.on_device():
-            scores = [self._score(images[i:i + BATCH], prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
-        return torch.cat(scores)
+        return self.residency.score_in_batches(self._score, images, prompts, BATCH)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         text = self.processor.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,

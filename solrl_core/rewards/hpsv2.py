@@ -75,9 +75,7 @@ class HPSv2:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        with self.residency.on_device():
-            return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH])
-                              for i in range(0, len(prompts), BATCH)])
+        return self.residency.score_in_batches(self._score, images, prompts, BATCH)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         pixels = torch.stack([self.preprocess(image) for image in to_pil(images)]).to(self.device)

@@ -200,9 +200,7 @@ class ImageRewardScorer:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        with self.residency.on_device():
-            return torch.cat([self._score(images[i:i + BATCH], prompts[i:i + BATCH])
-                              for i in range(0, len(prompts), BATCH)])
+        return self.residency.score_in_batches(self._score, images, prompts, BATCH)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         text = self.model.blip.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_PROMPT_TOKENS,

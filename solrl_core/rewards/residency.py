@@ -12,7 +12,7 @@ device either way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -45,3 +45,10 @@ class Residency:
             self._depth -= 1
             if moves:
                 self.module.to("cpu")
+
+    def score_in_batches(self, score: Callable[[torch.Tensor, list[str]], torch.Tensor], images: torch.Tensor,
+                         prompts: list[str], batch: int) -> torch.Tensor:
+        """``score`` on ``batch`` images at a time, concatenated; the model stays on the device
+        for all of them (it crosses the bus once per call, not once per batch)."""
+        with self.on_device():
+            return torch.cat([score(images[i:i + batch], prompts[i:i + batch]) for i in range(0, len(prompts), batch)])
