@@ -250,9 +250,22 @@ def _ablation_sections(report_dir: Path) -> str | None:
     return "\n\n".join(sections) or None
 
 
-def _rl_gain_section(report_dir: Path) -> str | None:
+def _rl_gain_report(report_dir: Path) -> dict | None:
+    """benchmarks/rl_gain.json, with the rows of any later rl_gain_*.json (runs made after the
+    first table's run folders were gone) after its own: one table, each file's rows as written."""
     report = _load(report_dir / "benchmarks" / "rl_gain.json")
     if not report or not report.get("settings"):
+        return None
+    for path in sorted((report_dir / "benchmarks").glob("rl_gain_*.json")):
+        more = _load(path)
+        if more:
+            report = {**report, "settings": report["settings"] + more["settings"], "runs": report["runs"] + more["runs"]}
+    return report
+
+
+def _rl_gain_section(report_dir: Path) -> str | None:
+    report = _rl_gain_report(report_dir)
+    if report is None:
         return None
     goal = report["goal"]
     first = report["runs"][0]
@@ -260,7 +273,7 @@ def _rl_gain_section(report_dir: Path) -> str | None:
     reference = "; ".join(f"{r['preset']} / {r['family']}" for r in report["reference"])
     # Term changes are there when rl_gain.py ran with --terms (they need each run's images resampled).
     terms = any(entry.get("term_change_mean") for entry in report["settings"])
-    lines = ["## What moves make run's held-out gain (`benchmarks/rl_gain.json`)\n",
+    lines = ["## What moves make run's held-out gain (`benchmarks/rl_gain*.json`)\n",
              f"Finished runs of make run's job ({reference}), each with the settings it changed against the preset "
              f"(read from the run's own summary.json by `benchmarks/rl_gain.py`); gain = final minus base held-out "
              f"{trained}, ± SE over seeds where there are several; peak = best evaluation during the run. "
@@ -295,9 +308,9 @@ def _teacher_section(report_dir: Path) -> str | None:
              "instead of on ranked samples; held-out compliance change of the EMA adapter (the trained one in "
              "brackets) after each number of optimizer steps, and what it is made of at the last. make run's "
              f"budget is {reports[0][1]['make_run_budget_steps']} steps.\n",
-             "| file | lr | LoRA rank | " + " | ".join(f"{step} steps" for step in steps)
+             "| file | lr | LoRA rank | LoRA targets | " + " | ".join(f"{step} steps" for step in steps)
              + " | aesthetic change | amount / location / shape change |",
-             "|---|---|---|" + "---|" * len(steps) + "---|---|"]
+             "|---|---|---|---|" + "---|" * len(steps) + "---|---|"]
     for path, report in reports:
         base, by_step = report["base"], {entry["step"]: entry for entry in report["evaluations"]}
         cells = []
@@ -307,7 +320,8 @@ def _teacher_section(report_dir: Path) -> str | None:
                                                      f"({entry['trained']['compliance'] - base['compliance']:+.4f})")
         last = report["evaluations"][-1]["ema"]
         made_of = " / ".join(f"{last[name] - base[name]:+.3f}" for name in ("amount", "location", "shape"))
-        lines.append(f"| `{path.name}` | {report['lr']:g} | {report['lora']['rank']} | " + " | ".join(cells)
+        lines.append(f"| `{path.name}` | {report['lr']:g} | {report['lora']['rank']} | "
+                     f"{', '.join(report['lora']['targets'])} | " + " | ".join(cells)
                      + f" | {last['aesthetic'] - base['aesthetic']:+.4f} | {made_of} |")
     return "\n".join(lines)
 

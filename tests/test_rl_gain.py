@@ -89,6 +89,22 @@ def test_the_reports_page_has_a_row_per_setting_best_gain_first(tmp_path):
     assert "300 (2)" in rows[0]
 
 
+def test_a_later_table_s_rows_join_the_page_after_the_first_table_s(tmp_path):
+    """Runs made after the first table's run folders are gone go to rl_gain_<name>.json; the page
+    shows one table with the first file's rows, then each later file's."""
+    from solrl_core.report_readme import write_readme
+
+    (tmp_path / "benchmarks").mkdir()
+    first = _finished_run(tmp_path / "runs" / "preset", compliance=(0.50, 0.51))
+    later = _finished_run(tmp_path / "runs" / "lr", ["train.lr=0.002"], compliance=(0.50, 0.58))
+    assert main([str(first), "--out", str(tmp_path / "benchmarks" / "rl_gain.json")]) == 0
+    assert main([str(later), "--out", str(tmp_path / "benchmarks" / "rl_gain_later.json")]) == 0
+    page = write_readme(tmp_path).read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith(("| the preset as it is |", "| train.lr=0.002 |"))]
+    assert [row.split(" | ")[0] for row in rows] == ["| the preset as it is", "| train.lr=0.002"]
+    assert rows[1].startswith("| train.lr=0.002 | 0 | 20 | +0.0800 |")
+
+
 def test_the_made_of_sentence_names_the_rows_that_start_from_another_base():
     from solrl_core.report_readme import _terms_sentence
 
