@@ -41,7 +41,16 @@ def state():
     return run
 
 
-@pytest.mark.parametrize("backend", ["none", "fp8-rowwise"])  # explorers whose rows ignore their batch-mates
+# Explorers whose quantization is row-local (no scale shared with batch-mates). The survivors run
+# in a smaller batch than the fixed scheme's, and on some CPUs a float32 GEMM's blocking depends
+# on the batch, so a row can come out one ulp apart (seen: 1.2e-7 on a reward). Full precision
+# keeps that; an FP8 row can round one activation to the neighbouring E4M3 code (seen: 0.009).
+# Full precision pins the trajectories (seeds of one prompt here differ by 0.0005 to 0.2); the FP8
+# case checks only that the quantized path does not move them by more than such a rounding.
+ROUNDING = {"none": 1e-6, "fp8-rowwise": 0.02}
+
+
+@pytest.mark.parametrize("backend", ["none", "fp8-rowwise"])
 def test_a_survivors_draft_is_the_fixed_schemes_draft_for_that_seed(state, backend):
     from solrl_core.models.adapters import OLD
     from solrl_core.quant.explorer import build_explorer
@@ -59,7 +68,8 @@ def test_a_survivors_draft_is_the_fixed_schemes_draft_for_that_seed(state, backe
     survived = torch.isfinite(adaptive.scores.combined)
     assert int(survived.sum()) == 2 * 6 and adaptive.pruned == 2 * 2
     assert torch.equal(adaptive.seeds, fixed.seeds)
-    assert torch.equal(adaptive.scores.combined[survived], fixed.scores.combined[survived])
+    torch.testing.assert_close(adaptive.scores.combined[survived], fixed.scores.combined[survived],
+                               rtol=0, atol=ROUNDING[backend])
     # pruned seeds rank in the middle, so the kept are the survivors' extremes
     kept = stages.rank(adaptive, config.keep)
     assert bool(torch.isfinite(torch.gather(adaptive.combined(), 1, kept)).all())
