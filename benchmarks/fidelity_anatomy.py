@@ -25,40 +25,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.quant.fp8 import quantize_fp8  # noqa: E402
-from solrl_core.quant.nvfp4 import fake_quantize_nvfp4, round_to_e2m1  # noqa: E402
+from solrl_core.quant.nvfp4 import (  # noqa: E402
+    _apply_scales,
+    _block_scales_e4m3,
+    _scale_into_e2m1_range,
+    _split_into_blocks,
+    _unblock,
+    fake_quantize_nvfp4,
+    nvfp4_tensor_scale,
+    round_to_e2m1,
+)
 
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
-
-
-def _blocked(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x as float32 [rows, n_blocks, block], zero-padded; NVFP4's per-tensor scale, never 0)."""
-    flat = x.float().reshape(-1, x.shape[-1])
-    pad = (-x.shape[-1]) % block
-    blocks = F.pad(flat, (0, pad)).reshape(flat.shape[0], -1, block)
-    tensor_scale = flat.abs().amax() / (E4M3_MAX * E2M1_MAX)
-    return blocks, torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
-
-
-def _round_blocks(blocks: torch.Tensor, tensor_scale: torch.Tensor, clip: float) -> torch.Tensor:
-    """Each block decoded after NVFP4 rounding with block scale clip x amax / 6 (E4M3, then the
-    tensor scale); clip < 1 saturates the block's largest values at +-6 to refine the rest."""
-    block_scale = (blocks.abs().amax(-1) * clip / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX)
-    block_scale = block_scale.to(torch.float8_e4m3fn).float()
-    combined = (block_scale * tensor_scale).unsqueeze(-1)
-    scaled = torch.where(combined > 0, blocks / torch.where(combined > 0, combined, 1.0), 0.0)
-    # (code x block scale) is exact; one rounding when the tensor scale is applied, as nvfp4.py does.
-    return round_to_e2m1(scaled) * block_scale.unsqueeze(-1) * tensor_scale
-
-
-def _unblocked(values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return values.reshape(values.shape[0], -1)[:, : x.shape[-1]].reshape(x.shape).to(x.dtype)
 
 
 def fake_quantize_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     """NVFP4's recipe (SPEC §3) with ``block`` values per scale instead of 16, for the block-size
     ablation only; block 16 is checked against the project's own quantizer in main()."""
-    blocks, tensor_scale = _blocked(x, block)
-    return _unblocked(_round_blocks(blocks, tensor_scale, 1.0), x)
+    shape = x.shape
+    flat = x.float().reshape(-1, shape[-1])
+    pad = (-shape[-1]) % block
+    blocks = F.pad(flat, (0, pad)).reshape(flat.shape[0], -1, block)
+    tensor_scale = flat.abs().amax() / (E4M3_MAX * E2M1_MAX)
+    safe_tensor = torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
+    block_scale = (blocks.abs().amax(-1) / E2M1_MAX / safe_tensor).clamp(max=E4M3_MAX)
+    block_scale = block_scale.to(torch.float8_e4m3fn).float()
+    combined = (block_scale * safe_tensor).unsqueeze(-1)
+    scaled = torch.where(combined > 0, blocks / torch.where(combined > 0, combined, 1.0), 0.0)
+    # (code x block scale) is exact; one rounding when the tensor scale is applied, as nvfp4.py does.
+    values = round_to_e2m1(scaled) * block_scale.unsqueeze(-1) * safe_tensor
+    return values.reshape(flat.shape[0], -1)[:, : shape[-1]].reshape(shape).to(x.dtype)
 
 
 # Block-scale clip factors tried per block by the searched weight rounding (1.0 is NVFP4's amax rule).
@@ -70,13 +66,20 @@ def fake_quantize_searched(x: torch.Tensor, clips: tuple[float, ...] = SEARCHED_
     keeps the clip factor whose decoded values have the least squared error. The result is a valid
     NVFP4 tensor (any E4M3 block scale is), so a GPU kernel runs it unchanged; weights are rounded
     once per requantization, so the search costs nothing per step. Activations cannot be searched
-    this way (their rounding happens inside every forward)."""
-    blocks, tensor_scale = _blocked(x, 16)
-    candidates = torch.stack([_round_blocks(blocks, tensor_scale, clip) for clip in clips])
-    errors = (candidates - blocks).square().sum(-1)  # [clips, rows, n_blocks]
+    this way (their rounding happens inside every forward). Built from nvfp4.py's own steps: a
+    block scaled by ``clip`` has exactly ``clip`` x its amax, so clip 1.0 is fake_quantize_nvfp4."""
+    blocks, tensor_scale = _split_into_blocks(x), nvfp4_tensor_scale(x)
+
+    def rounded(clip: float) -> torch.Tensor:
+        block_scales = _block_scales_e4m3(blocks * clip, tensor_scale)  # clip < 1 saturates the largest at +-6
+        return _apply_scales(round_to_e2m1(_scale_into_e2m1_range(blocks, block_scales, tensor_scale)),
+                             block_scales, tensor_scale)
+
+    candidates = torch.stack([rounded(clip) for clip in clips])
+    errors = (candidates - blocks).square().sum(-1)  # [clips, ..., n_blocks]
     best = errors.argmin(0)  # the first (largest) clip among equals: amax's rule unless another is better
     chosen = torch.gather(candidates, 0, best[None, ..., None].expand(1, *candidates.shape[1:]))[0]
-    return _unblocked(chosen, x)
+    return _unblock(chosen, x.shape, x.dtype)
 
 
 def fake_quantize_fp8(x: torch.Tensor) -> torch.Tensor:
