@@ -339,10 +339,19 @@ def _terms_sentence(report: dict) -> str:
             if entry["settings"] not in bases[values]:
                 bases[values].append(entry["settings"])
     common = max(bases, key=lambda values: len(bases[values]))
-    others = "".join(f"; the runs of `{', '.join(settings)}` start from another base: {values}"
+    others = "".join(f"; the runs of {_settings_named(settings)} start from another base: {values}"
                      for values, settings in bases.items() if values != common)
     return (f" Made of: the change of each term of the trained reward, from the run's base and final images "
             f"resampled (`--terms`; the base scores {common}{others}).")
+
+
+def _settings_named(settings: list[str]) -> str:
+    """The settings that share a base, by the checkpoint they name when they all name the same one
+    (several settings tried on one other base), else each setting in its own backticks."""
+    paths = {item for entry in settings for item in entry.split(", ") if item.startswith("model.path=")}
+    if len(settings) > 1 and len(paths) == 1 and all(next(iter(paths)) in entry.split(", ") for entry in settings):
+        return f"`{next(iter(paths))}` ({len(settings)} settings)"
+    return ", ".join(f"`{entry}`" for entry in settings)
 
 
 def _term_changes(changes: dict[str, float] | None) -> str:

@@ -120,6 +120,24 @@ def test_the_made_of_sentence_names_the_rows_that_start_from_another_base():
     assert "`model.path=wide.safetensors` start from another base: amount 0.900" in sentence
 
 
+def test_the_made_of_sentence_names_several_settings_on_one_other_base_by_its_checkpoint():
+    """Settings tried on one other base read as that base's path, not as one run-together list."""
+    from solrl_core.report_readme import _terms_sentence
+
+    def run(name, amount):
+        return {"run": name, "terms": {"compliance": {"base": 0.5}, "amount": {"base": amount}}}
+
+    report = {"runs": [run("a", 0.7), run("b", 0.7), run("early1", 0.6), run("early2", 0.6), run("mixed", 0.4)],
+              "settings": [{"settings": "the preset as it is", "runs": ["a"]},
+                           {"settings": "train.lr=0.002", "runs": ["b"]},
+                           {"settings": "model.path=early.safetensors", "runs": ["early1"]},
+                           {"settings": "model.path=early.safetensors, train.lr=0.0003", "runs": ["early2"]},
+                           {"settings": "model.path=x.safetensors, pool=16", "runs": ["mixed"]}]}
+    sentence = _terms_sentence(report)
+    assert "the runs of `model.path=early.safetensors` (2 settings) start from another base: amount 0.600" in sentence
+    assert "the runs of `model.path=x.safetensors, pool=16` start from another base: amount 0.400" in sentence
+
+
 def test_a_path_setting_reads_as_given_in_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prompts = tmp_path / "prompts" / "few.txt"
