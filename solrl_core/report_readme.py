@@ -331,26 +331,27 @@ def _terms_sentence(report: dict) -> str:
     base), and, separately, the settings whose runs start from another base (a wider model)."""
     by_run = {row["run"]: row for row in report["runs"]}
     bases: dict[str, list[str]] = {}
+    checkpoints: dict[str, set] = {}  # the model.path each base's runs set (None: the preset's)
     for entry in report["settings"]:
         for row in (by_run[run] for run in entry["runs"] if by_run[run].get("terms")):
             values = ", ".join(f"{name} {value['base']:.3f}" for name, value in row["terms"].items()
                                if name != "compliance")
             bases.setdefault(values, [])
+            checkpoints.setdefault(values, set()).add(row.get("settings", {}).get("model.path"))
             if entry["settings"] not in bases[values]:
                 bases[values].append(entry["settings"])
     common = max(bases, key=lambda values: len(bases[values]))
-    others = "".join(f"; the runs of {_settings_named(settings)} start from another base: {values}"
-                     for values, settings in bases.items() if values != common)
+    others = "".join(f"; the runs of {_settings_named(settings, checkpoints[values])} start from another base: "
+                     f"{values}" for values, settings in bases.items() if values != common)
     return (f" Made of: the change of each term of the trained reward, from the run's base and final images "
             f"resampled (`--terms`; the base scores {common}{others}).")
 
 
-def _settings_named(settings: list[str]) -> str:
-    """The settings that share a base, by the checkpoint they name when they all name the same one
-    (several settings tried on one other base), else each setting in its own backticks."""
-    paths = {item for entry in settings for item in entry.split(", ") if item.startswith("model.path=")}
-    if len(settings) > 1 and len(paths) == 1 and all(next(iter(paths)) in entry.split(", ") for entry in settings):
-        return f"`{next(iter(paths))}` ({len(settings)} settings)"
+def _settings_named(settings: list[str], checkpoints: set) -> str:
+    """The settings that share a base, by the checkpoint their runs set when several settings were
+    tried on that one checkpoint, else each setting in its own backticks."""
+    if len(settings) > 1 and len(checkpoints) == 1 and None not in checkpoints:
+        return f"`model.path={next(iter(checkpoints))}` ({len(settings)} settings)"
     return ", ".join(f"`{entry}`" for entry in settings)
 
 

@@ -124,10 +124,13 @@ def test_the_made_of_sentence_names_several_settings_on_one_other_base_by_its_ch
     """Settings tried on one other base read as that base's path, not as one run-together list."""
     from solrl_core.report_readme import _terms_sentence
 
-    def run(name, amount):
-        return {"run": name, "terms": {"compliance": {"base": 0.5}, "amount": {"base": amount}}}
+    def run(name, amount, model_path=None):
+        settings = {"model.path": model_path} if model_path else {}
+        return {"run": name, "settings": settings,
+                "terms": {"compliance": {"base": 0.5}, "amount": {"base": amount}}}
 
-    report = {"runs": [run("a", 0.7), run("b", 0.7), run("early1", 0.6), run("early2", 0.6), run("mixed", 0.4)],
+    report = {"runs": [run("a", 0.7), run("b", 0.7), run("early1", 0.6, "early.safetensors"),
+                       run("early2", 0.6, "early.safetensors"), run("mixed", 0.4, "x.safetensors")],
               "settings": [{"settings": "the preset as it is", "runs": ["a"]},
                            {"settings": "train.lr=0.002", "runs": ["b"]},
                            {"settings": "model.path=early.safetensors", "runs": ["early1"]},
