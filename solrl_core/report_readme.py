@@ -308,9 +308,9 @@ def _teacher_section(report_dir: Path) -> str | None:
              "instead of on ranked samples; held-out compliance change of the EMA adapter (the trained one in "
              "brackets) after each number of optimizer steps, and what it is made of at the last. make run's "
              f"budget is {reports[0][1]['make_run_budget_steps']} steps.\n",
-             "| file | lr | LoRA rank | LoRA targets | " + " | ".join(f"{step} steps" for step in steps)
-             + " | aesthetic change | amount / location / shape change |",
-             "|---|---|---|---|" + "---|" * len(steps) + "---|---|"]
+             "| file | base (its compliance) | lr | LoRA rank | LoRA targets | "
+             + " | ".join(f"{step} steps" for step in steps) + " | aesthetic change | amount / location / shape change |",
+             "|---|---|---|---|---|" + "---|" * len(steps) + "---|---|"]
     for path, report in reports:
         base, by_step = report["base"], {entry["step"]: entry for entry in report["evaluations"]}
         cells = []
@@ -320,10 +320,17 @@ def _teacher_section(report_dir: Path) -> str | None:
                                                      f"({entry['trained']['compliance'] - base['compliance']:+.4f})")
         last = report["evaluations"][-1]["ema"]
         made_of = " / ".join(f"{last[name] - base[name]:+.3f}" for name in ("amount", "location", "shape"))
-        lines.append(f"| `{path.name}` | {report['lr']:g} | {report['lora']['rank']} | "
+        lines.append(f"| `{path.name}` | {_teacher_base(report)} ({base['compliance']:.3f}) | {report['lr']:g} | "
+                     f"{report['lora']['rank']} | "
                      f"{', '.join(report['lora']['targets'])} | " + " | ".join(cells)
                      + f" | {last['aesthetic'] - base['aesthetic']:+.4f} | {made_of} |")
     return "\n".join(lines)
+
+
+def _teacher_base(report: dict) -> str:
+    """The checkpoint a teacher run started from: its ``model.path`` override, else the preset's base."""
+    paths = [item.split("=", 1)[1] for item in report.get("overrides", []) if item.startswith("model.path=")]
+    return f"`{paths[-1]}`" if paths else "the preset's"
 
 
 def _terms_sentence(report: dict) -> str:

@@ -68,6 +68,22 @@ def test_the_report_starts_from_the_base_a_run_records_and_its_gain_is_measured_
                if line.startswith("| `perfect_teacher.json` |"))
     change = final["ema"]["compliance"] - report["base"]["compliance"]
     assert f"| {change:+.4f} ({report['gain_at_budget']['trained']:+.4f}) |" in row
+    assert f"| the preset's ({report['base']['compliance']:.3f}) |" in row
+
+
+def test_a_teacher_row_names_the_checkpoint_it_started_from(tmp_path):
+    from solrl_core.report_readme import write_readme
+
+    evaluation = {"compliance": 0.5, "amount": 0.5, "location": 0.5, "shape": 0.5, "aesthetic": 0.9}
+    report = {"overrides": ["pool=16", "model.path=runs/base/s4500.safetensors"], "lr": 1e-3,
+              "lora": {"rank": 8, "targets": ["to_q"]}, "make_run_budget_steps": 2, "base": evaluation,
+              "evaluations": [{"step": 0, "ema": evaluation, "trained": evaluation},
+                              {"step": 2, "ema": evaluation, "trained": evaluation}]}
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "perfect_teacher_b4500.json").write_text(json.dumps(report), encoding="utf-8")
+    row = next(line for line in write_readme(tmp_path).read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `perfect_teacher_b4500.json` |"))
+    assert "| `runs/base/s4500.safetensors` (0.500) |" in row
 
 
 @pytest.mark.parametrize("argv, named", [
