@@ -11,6 +11,7 @@ from pathlib import Path
 
 from solrl_core.ablations import PAPER_HPSV2
 from solrl_core.compare import ADAPTIVE, CANDIDATE, PAPER_SPEEDUP_TO_EQUAL_REWARD
+from solrl_core.config import parse_override
 from solrl_core.fidelity import PAPER
 
 
@@ -328,8 +329,9 @@ def _teacher_section(report_dir: Path) -> str | None:
 
 
 def _teacher_base(report: dict) -> str:
-    """The checkpoint a teacher run started from: its ``model.path`` override, else the preset's base."""
-    paths = [item.split("=", 1)[1] for item in report.get("overrides", []) if item.startswith("model.path=")]
+    """The checkpoint a teacher run started from: its ``model.path`` override (read as the run read
+    it, so spacing or quotes in ``--set`` cannot hide it), else the preset's base."""
+    paths = [value for key, value in map(parse_override, report.get("overrides", [])) if key == "model.path"]
     return f"`{paths[-1]}`" if paths else "the preset's"
 
 
