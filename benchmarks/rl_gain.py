@@ -15,8 +15,9 @@ reported beside it, because a gain bought by hacking the trained reward shows up
 ``--terms`` also says what a shapes-compliance gain is made of: each run's base and final
 evaluation images are sampled again (the base model, and the final EMA adapter from the run's
 lora.safetensors, at the run's own prompts, seeds, sampler and steps) and split into the reward's
-terms (background; each object's amount of colour, location and shape). The resampled compliance
-must match the one the run recorded, so the split is of the images the run was scored on.
+terms (background; each object's amount of colour, location and shape). The base images are
+sampled once for all runs that share a base model and evaluation. The resampled compliance must
+match the one each run recorded, so the split is of the images the run was scored on.
 """
 
 from __future__ import annotations
@@ -108,9 +109,22 @@ def run_row(folder: Path, summary: dict, reference: dict[str, str]) -> dict:
     }
 
 
-def compliance_terms_of_run(folder: Path, summary: dict) -> dict[str, dict[str, float]] | None:
+# What the base model's evaluation images depend on: runs that agree on these sections share them.
+BASE_IMAGE_SECTIONS = ("model", "sampler", "eval", "prompts", "rewards")
+
+
+def base_images_key(config: dict) -> str:
+    return json.dumps({section: config[section] for section in BASE_IMAGE_SECTIONS}, sort_keys=True)
+
+
+def compliance_terms_of_run(folder: Path, summary: dict,
+                            base_terms: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]] | None:
     """{term: {"base", "final"}} means of the run's evaluation images, resampled (module doc);
-    None when the run trained a reward without terms."""
+    None when the run trained a reward without terms.
+
+    ``base_terms`` carries the base side between runs (keyed by ``base_images_key``): runs of one
+    base model and evaluation sample the same base images, so they are sampled once. Each run's
+    own record is still checked against them."""
     trained = list(summary["config"]["rewards"])[0]
     if trained not in TERMS_OF:
         return None
@@ -129,15 +143,21 @@ def compliance_terms_of_run(folder: Path, summary: dict) -> dict[str, dict[str, 
     state = stages.initial_state(config)
     prompts = [p for p in state.eval_prompts for _ in range(config.eval.seeds_per_prompt)]
     evaluations = summary["evaluations"]
+    base_terms = {} if base_terms is None else base_terms
+    key = base_images_key(summary["config"])
     sides = {}
     for side, adapter, recorded in (("base", None, evaluations[0]), ("final", EMA, evaluations[-1])):
-        if adapter is not None:
-            load_adapter_state(state.policy.transformer, load_file(str(adapters)))
-        rewards, images = stages.evaluate(state, adapter)
-        if abs(rewards[trained] - recorded[trained]) > RESAMPLE_TOLERANCE:
-            raise BadRun(f"{folder}: its {side} images resampled score {trained} {rewards[trained]:.4f}, the run "
-                         f"recorded {recorded[trained]:.4f}; it was made by other code or another base model")
-        sides[side] = {name: float(values.mean()) for name, values in compliance_terms(images, prompts).items()}
+        if side == "base" and key in base_terms:
+            sides[side] = base_terms[key]
+        else:
+            if adapter is not None:
+                load_adapter_state(state.policy.transformer, load_file(str(adapters)))
+            _, images = stages.evaluate(state, adapter)
+            sides[side] = {name: float(values.mean()) for name, values in compliance_terms(images, prompts).items()}
+        if abs(sides[side]["compliance"] - recorded[trained]) > RESAMPLE_TOLERANCE:
+            raise BadRun(f"{folder}: its {side} images resampled score {trained} {sides[side]['compliance']:.4f}, "
+                         f"the run recorded {recorded[trained]:.4f}; it was made by other code or another base model")
+    base_terms[key] = sides["base"]
     return {name: {"base": sides["base"][name], "final": sides["final"][name]}
             for name in ("compliance", *TERMS_OF[trained])}
 
@@ -175,13 +195,14 @@ def build_report(folders: list[Path], terms: bool = False) -> dict:
     summaries = [(folder, read_run(folder)) for folder in folders]
     references: dict[tuple[str, str], dict[str, str]] = {}
     rows = []
+    base_terms: dict[str, dict[str, float]] = {}
     for folder, summary in summaries:
         key = (summary["config"]["preset"], summary["config"]["family"])
         if key not in references:
             references[key] = reference_settings(*key)
         row = run_row(folder, summary, references[key])
         if terms:
-            row["terms"] = compliance_terms_of_run(folder, summary)
+            row["terms"] = compliance_terms_of_run(folder, summary, base_terms)
         rows.append(row)
     return {
         "reference": [{"preset": preset, "family": family} for preset, family in references],

@@ -193,3 +193,29 @@ def test_terms_refuse_a_run_whose_record_its_images_do_not_match(real_run, tmp_p
     (altered / "lora.safetensors").unlink()
     assert main([str(altered), "--terms", "--out", str(out)]) == 2
     assert "lora.safetensors" in capsys.readouterr().err
+
+
+def test_terms_sample_a_shared_base_once_and_still_check_every_record(real_run, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from solrl_core import stages
+
+    twin = tmp_path / "twin"
+    shutil.copytree(real_run, twin)
+    calls = []
+    evaluate = stages.evaluate
+    monkeypatch.setattr(stages, "evaluate", lambda state, adapter=None: calls.append(adapter) or evaluate(state, adapter))
+    out = tmp_path / "rl_gain.json"
+    assert main([str(real_run), str(twin), "--terms", "--out", str(out)]) == 0
+    assert calls.count(None) == 1 and len(calls) == 3  # one base, two finals
+    first, second = json.loads(out.read_text())["runs"]
+    assert first["terms"] == second["terms"]
+    # A run whose recorded base is not the shared base's images is refused, cache or not.
+    summary = json.loads((twin / "summary.json").read_text())
+    summary["evaluations"][0]["shapes-compliance"] += 0.05
+    (twin / "summary.json").write_text(json.dumps(summary))
+    out.unlink()
+    assert main([str(real_run), str(twin), "--terms", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "twin" in error and "base" in error
+    assert not out.exists()
