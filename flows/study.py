@@ -38,7 +38,9 @@ STUDY_KEYS = ("preset", "settings", "families", "seeds", "compare", "ablations",
 class Study:
     preset: str
     settings: dict[str, Any]  # config keys every run shares
-    families: dict[str, dict[str, Any]]  # family -> its own config keys
+    # entry name -> its own config keys; an entry is a family of FAMILIES, or a variant of one
+    # (its own name, with `family:` naming the family it varies: a sol_rl with an FP8 explorer)
+    families: dict[str, dict[str, Any]]
     seeds: list[int]
     budget_gpu_hours: float
     evaluations: int
@@ -113,10 +115,28 @@ def _families(value: Any, where: str) -> dict[str, dict[str, Any]]:
     if not families:
         raise ConfigError(f"{where}: families: name at least one of {', '.join(FAMILIES)}")
     for name, settings in families.items():
-        if name not in FAMILIES:
-            raise ConfigError(f"{where}: families: unknown family {name!r}; allowed: {', '.join(FAMILIES)}")
-        _mapping(settings if settings is not None else {}, f"{where}: families.{name}")
+        settings = _mapping(settings if settings is not None else {}, f"{where}: families.{name}")
+        base = settings.get(VARIANT_OF)
+        if base is None and name not in FAMILIES:
+            raise ConfigError(f"{where}: families: unknown family {name!r}; allowed: {', '.join(FAMILIES)} "
+                              f"(or a variant of one: its own name, with {VARIANT_OF}: <family> among its keys)")
+        if base is not None and base not in FAMILIES:
+            raise ConfigError(f"{where}: families.{name}.{VARIANT_OF}: unknown family {base!r}; "
+                              f"allowed: {', '.join(FAMILIES)}")
+        if base is not None and name in FAMILIES and base != name:
+            raise ConfigError(f"{where}: families.{name}: a family's own entry cannot be a variant of {base!r}; "
+                              f"give the variant a name of its own")
     return {name: settings or {} for name, settings in families.items()}
+
+
+# The key of a families entry that makes it a variant of a family: the family's settings, then the
+# entry's other keys.
+VARIANT_OF = "family"
+
+
+def family_of(study: Study, name: str) -> str:
+    """The family an entry of params.yaml's families trains: its own name, or the one it varies."""
+    return study.families[name].get(VARIANT_OF, name)
 
 
 def _ablations(value: Any, where: str) -> dict[str, dict[str, list]]:
@@ -143,16 +163,17 @@ def _settings_overrides(settings: dict[str, Any]) -> list[tuple[str, Any]]:
     return [("progress", False), *settings.items()]
 
 
-def _study_config(study: Study, family: str, varied: list[tuple[str, Any]] = ()):
-    """preset -> family -> the shared settings -> the family's own settings -> ``varied``."""
+def _study_config(study: Study, name: str, varied: list[tuple[str, Any]] = ()):
+    """preset -> family -> the shared settings -> the entry's own settings -> ``varied``."""
     from solrl_core.presets import resolve_config
 
-    return resolve_config(study.preset, family, [*_settings_overrides(study.settings), *study.families[family].items(),
-                                                 *varied, ("accounting.device", study.device)])
+    own = [(key, value) for key, value in study.families[name].items() if key != VARIANT_OF]
+    return resolve_config(study.preset, family_of(study, name), [*_settings_overrides(study.settings), *own,
+                                                                 *varied, ("accounting.device", study.device)])
 
 
 def family_config(study: Study, family: str):
-    """A family's config, as the study sets it."""
+    """A family's (or a family variant's) config, as the study sets it."""
     _known(family, study.families, "family", "families")
     return _study_config(study, family)
 

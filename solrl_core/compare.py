@@ -436,6 +436,17 @@ DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDAT
                     (ADAPTIVE, CANDIDATE), (ADAPTIVE, BASELINE))
 
 
+def variant_pairs(families: dict[str, str]) -> list[tuple[str, str]]:
+    """(variant, the family it varies) for each compared variant whose family is compared too:
+    ``families`` maps each compared name to the family its runs trained (a study's sol_rl with
+    an FP8 explorer, named sol_rl_fp8, is read against sol_rl)."""
+    return [(name, family) for name, family in families.items() if name != family and family in families]
+
+
+def _trained_families(runs: dict) -> dict[str, str]:
+    return {name: seed_runs(result)[0]["config"].family for name, result in runs.items()}
+
+
 def speedup_by_profile(statistics: dict, name: str) -> dict:
     """``name``'s speed-up to the baseline's final reward under each cost profile, with its
     bootstrap interval and how often it is undefined; empty without a baseline."""
@@ -453,7 +464,7 @@ def seed_statistics(runs: dict[str, list[dict]], points: dict[str, list[list[dic
     draws = seed_stats.resample_indices(sizes) if min(sizes.values()) >= 2 else None
     finals = {name: [seed[-1]["reward"] for seed in seed_points] for name, seed_points in points.items()}
     differences = {}
-    for a, b in DIFFERENCE_PAIRS:
+    for a, b in [*DIFFERENCE_PAIRS, *variant_pairs(_trained_families(runs))]:
         if a in finals and b in finals:
             differences[f"{a} - {b}"] = (seed_stats.bootstrap_difference(finals, a, b, draws) if draws else
                                          {"mean": seed_stats.mean_se(finals[a])[0] - seed_stats.mean_se(finals[b])[0],
@@ -552,7 +563,7 @@ def final_reward_spread(results: dict, config: Config) -> dict:
                                     for run in seed_runs(result)]).mean(0)
                  for name, result in results.items()}
     pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE),
-             (ADAPTIVE, CANDIDATE)]
+             (ADAPTIVE, CANDIDATE), *variant_pairs(_trained_families(results))]
     return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
             "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b])
                                    for a, b in pairs if a in per_image and b in per_image}}
@@ -736,8 +747,10 @@ def markdown_table(report: dict) -> str:
 
 def method_speedups(report: dict) -> list[str]:
     """compare.md's headline: sol_rl's and sol_rl_adaptive's speed-ups to the baseline's final
-    reward side by side, under each cost profile, with their bootstrap intervals over seeds."""
-    by_family = {name: report.get("speedups_by_family", {}).get(name) for name in (CANDIDATE, ADAPTIVE)}
+    reward side by side (and those of a study's variants of them, such as sol_rl with the FP8
+    explorer), under each cost profile, with their bootstrap intervals over seeds."""
+    methods = [name for name, entry in report["families"].items() if entry["family"] in (CANDIDATE, ADAPTIVE)]
+    by_family = {name: report.get("speedups_by_family", {}).get(name) for name in methods}
     by_family = {name: entry for name, entry in by_family.items() if entry}
     if not by_family:
         return []

@@ -170,6 +170,7 @@ def _compare_section(report_dir: Path) -> str | None:
         lines.append(f"\nBeyond the paper, {ADAPTIVE} (the pool pruned on early drafts) beside it: "
                      f"**{_times(adaptive.get(report['device_profile'], {}).get('speedup'))}**"
                      f"{_seeds_and_profiles(report, ADAPTIVE)}.")
+    lines += _variant_lines(report)
     sol = report["families"].get("sol_rl")
     if sol:
         stages = sol["modeled_gpu_hours_per_stage"]
@@ -195,6 +196,29 @@ def _compare_section(report_dir: Path) -> str | None:
         if (report_dir / name).is_file():
             lines.append(f"\n![{caption}]({name})")
     return "\n".join(lines)
+
+
+def _variant_lines(report: dict) -> list[str]:
+    """A line per compared variant of a family (params.yaml's families: a name of its own with
+    `family:`, e.g. sol_rl with the FP8 explorer): its speed-up, and its final reward against the
+    family it varies."""
+    lines = []
+    differences = report.get("seed_statistics", {}).get("final_differences", {})
+    for name, entry in report["families"].items():
+        family = entry.get("family", name)
+        if family == name or family not in report["families"]:
+            continue
+        own = report.get("speedups_by_family", {}).get(name, {}).get(report["device_profile"])
+        speedup = f"speed-up **{_times(own.get('speedup'))}**{_seeds_and_profiles(report, name)}; " if own else ""
+        difference = differences.get(f"{name} - {family}")
+        against = ""
+        if difference:
+            interval = (f", bootstrap 95% interval over seeds [{difference['ci'][0]:+.4f}, {difference['ci'][1]:+.4f}]"
+                        if difference.get("ci") else "")
+            against = f"; final {report['metric']} {name} − {family} {difference['mean']:+.4f}{interval}"
+        lines.append(f"\n{name}, a variant of {family} (params.yaml): {speedup}final {entry['final_reward']:.4f} "
+                     f"against {report['families'][family]['final_reward']:.4f}{against}.")
+    return lines
 
 
 def _seeds_and_profiles(report: dict, family: str = CANDIDATE) -> str:
