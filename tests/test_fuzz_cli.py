@@ -463,13 +463,17 @@ def test_params_yaml_overrides_resolve_as_the_dvc_stages_pass_them(capsys):
 
     # The shared settings (the fidelity stage renders them into -S flags) and the fidelity seed.
     pairs = {**dict(dotted(params["settings"])), "seed": params["fidelity"]["seed"], "progress": False}
-    for family, sizes in params["families"].items():
-        texts = [f"{key}={dvc_to_str(value)}" for key, value in {**pairs, **sizes}.items()]
+    for name, entry in params["families"].items():
+        # A variant (an entry with `family:`) trains that family with the entry's other keys.
+        family = entry.get("family", name)
+        own = dict(dotted({key: value for key, value in entry.items() if key != "family"}))
+        texts = [f"{key}={dvc_to_str(value)}" for key, value in {**pairs, **own}.items()]
         argv = ["config", "--preset", params["preset"], "--family", family]
         code, out, err = invoke(capsys, argv + [part for text in texts for part in ("-S", text)])
         assert code == 0, err
         config = from_dict(yaml.safe_load(out))
-        for key, value in {**pairs, **sizes}.items():
+        assert config.family == family
+        for key, value in {**pairs, **own}.items():
             assert get_key(config, key) == value, key
 
 
