@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from solrl_core.ablations import PAPER_HPSV2
-from solrl_core.compare import ADAPTIVE, CANDIDATE, PAPER_SPEEDUP_TO_EQUAL_REWARD
+from solrl_core.compare import ADAPTIVE, CANDIDATE, PAPER_SPEEDUP_TO_EQUAL_REWARD, variant_pairs
 from solrl_core.config import parse_override
 from solrl_core.fidelity import PAPER
 
@@ -204,10 +204,9 @@ def _variant_lines(report: dict) -> list[str]:
     family it varies."""
     lines = []
     differences = report.get("seed_statistics", {}).get("final_differences", {})
-    for name, entry in report["families"].items():
-        family = entry.get("family", name)
-        if family == name or family not in report["families"]:
-            continue
+    trained = {name: entry.get("family", name) for name, entry in report["families"].items()}
+    for name, family in variant_pairs(trained):
+        entry = report["families"][name]
         own = report.get("speedups_by_family", {}).get(name, {}).get(report["device_profile"])
         speedup = f"speed-up **{_times(own.get('speedup'))}**{_seeds_and_profiles(report, name)}; " if own else ""
         difference = differences.get(f"{name} - {family}")
