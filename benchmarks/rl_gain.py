@@ -23,6 +23,7 @@ match the one each run recorded, so the split is of the images the run was score
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ from solrl_core.ledger import SUMMARY_FILE, write_json  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
 from solrl_core.seed_stats import mean_se  # noqa: E402
 from solrl_core.tracking import flatten_params  # noqa: E402
+from solrl_core.world import SHAPES_TINY_CHECKPOINT  # noqa: E402
 
 # Issue 10's goal for make run: this much gain in the trained reward, at most this aesthetic loss.
 GOAL_GAIN, GOAL_UNTRAINED_DROP = 0.10, 0.03
@@ -73,10 +75,27 @@ def reference_settings(preset: str, family: str) -> dict[str, str]:
 
 
 def settings_of(config: dict, reference: dict[str, str]) -> dict[str, str]:
-    """The dotted keys where a run's config differs from the reference, with the run's values."""
+    """The dotted keys where a run's config differs from the reference, with the run's values. A
+    ``model.path`` that names the very weights the reference loads is no change: a run made on a
+    copy of a checkpoint before it was committed trained the committed base."""
     flat = flatten_params(config)
     keys = sorted((set(flat) | set(reference)) - set(NOT_SETTINGS))
-    return {key: as_given(flat.get(key, "(unset)")) for key in keys if flat.get(key) != reference.get(key)}
+    changed = [key for key in keys if flat.get(key) != reference.get(key)]
+    if "model.path" in changed and same_weights(config, reference):
+        changed.remove("model.path")
+    return {key: as_given(flat.get(key, "(unset)")) for key in changed}
+
+
+def same_weights(config: dict, reference: dict[str, str]) -> bool:
+    """Whether the run's and the reference's model.path hold the same bytes (the embedded world's
+    empty path is its committed checkpoint); a file that is not there compares unequal."""
+    if config["model"]["loader"] != "shapes-tiny" or reference.get("model.loader") != "shapes-tiny":
+        return False
+    files = [Path(path) if path else SHAPES_TINY_CHECKPOINT
+             for path in (config["model"]["path"], reference.get("model.path", ""))]
+    if not all(file.is_file() for file in files):
+        return False
+    return len({hashlib.sha256(file.read_bytes()).hexdigest() for file in files}) == 1
 
 
 def as_given(value: str) -> str:

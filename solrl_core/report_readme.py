@@ -17,8 +17,8 @@ from solrl_core.fidelity import PAPER
 
 def write_readme(report_dir: Path) -> Path:
     sections = [_header()]
-    for build in (_fidelity_section, _anatomy_section, _width_section, _compare_section, _ablation_sections,
-                  _rl_gain_section, _teacher_section, _benchmark_section, _footer):
+    for build in (_fidelity_section, _pool_gap_section, _anatomy_section, _width_section, _compare_section,
+                  _ablation_sections, _rl_gain_section, _teacher_section, _benchmark_section, _footer):
         text = build(report_dir)
         if text:
             sections.append(text)
@@ -83,6 +83,26 @@ def _fidelity_section(report_dir: Path) -> str | None:
                                       _num(fp8["mean_true_rank_bottom12"], ".1f")] + ["n/a"] * len(profiles)) + " |")
     if (report_dir / "fidelity.png").is_file():
         lines.append("\n![ranking fidelity against explore steps](fidelity.png)")
+    return "\n".join(lines)
+
+
+def _pool_gap_section(report_dir: Path) -> str | None:
+    """pool_gap.json (benchmarks/pool_gap.py): the premise of rollout scaling, the kept gap against N."""
+    report = _load(report_dir / "pool_gap.json")
+    if not report or not report.get("rows"):
+        return None
+    keep = report["rows"][0]["keep"]
+    lines = ["## The premise of rollout scaling: kept gap against pool size (`pool_gap.json`)\n",
+             f"{report['prompts']} held-out prompts x the first N of {report['seeds']} seeds, full precision at "
+             f"{report['full_precision_steps']} steps (the truth of `fidelity.json`, not sampled again): mean of the "
+             f"best {keep // 2} minus the worst {keep // 2} rewards of a prompt's pool, ± SE over prompts, beside the "
+             f"extreme-value estimate 2σ·sqrt(2 ln N) from each prompt's reward spread σ.\n",
+             f"| pool N (K = {keep}) | kept gap | 2σ·sqrt(2 ln N) | mean of the best {keep // 2} |", "|---|---|---|---|"]
+    for row in report["rows"]:
+        lines.append(f"| {row['pool']} | {row['gap_mean']:.3f} ± {row['gap_se']:.3f} | "
+                     f"{row['extreme_value_estimate']:.3f} | {row['best_half_mean']:.3f} |")
+    if (report_dir / "pool_gap.png").is_file():
+        lines.append("\n![kept gap against pool size](pool_gap.png)")
     return "\n".join(lines)
 
 

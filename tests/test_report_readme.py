@@ -72,3 +72,15 @@ def test_the_width_table_gives_each_width_its_base_compliance_preset_rule_and_ev
                     "| 128 | 128,000 | 6000 steps, 600 s on 2 thread(s) | 0.620 ± 0.030 (seed std 0.090) | 16 layers | "
                     "0.700 / 0.500 | 0.950 / 0.800 |"]
     assert "32 held-out prompts x 96 seeds at 6 steps" in page
+
+
+def test_the_kept_gap_table_gives_every_pool_size_beside_the_extreme_value_estimate(tmp_path):
+    rows = [{"pool": n, "keep": 24, "gap_mean": gap, "gap_se": 0.02, "extreme_value_estimate": theory,
+             "best_half_mean": best} for n, gap, theory, best in ((24, 0.309, 1.022, 0.525), (96, 0.593, 1.225, 0.662))]
+    (tmp_path / "pool_gap.json").write_text(json.dumps(
+        {"source": "fidelity.json", "prompts": 64, "seeds": 96, "full_precision_steps": 10, "rows": rows}))
+    page = write_readme(tmp_path).read_text(encoding="utf-8")
+    assert "64 held-out prompts x the first N of 96 seeds" in page
+    table = [line for line in page.splitlines() if line.startswith("| 24 |") or line.startswith("| 96 |")]
+    assert table == ["| 24 | 0.309 ± 0.020 | 1.022 | 0.525 |", "| 96 | 0.593 ± 0.020 | 1.225 | 0.662 |"]
+    assert "pool_gap.png" not in page  # no plot beside the JSON, no link to one

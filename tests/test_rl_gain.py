@@ -40,6 +40,21 @@ def test_a_row_names_exactly_the_settings_its_run_changed(tmp_path):
     assert rows[str(preset)]["settings"] == {}
 
 
+def test_a_copy_of_the_committed_checkpoint_is_no_change_and_other_weights_are(tmp_path):
+    from solrl_core.world import SHAPES_TINY_CHECKPOINT
+
+    copy, other = tmp_path / "copy.safetensors", tmp_path / "other.safetensors"
+    copy.write_bytes(SHAPES_TINY_CHECKPOINT.read_bytes())
+    weights = bytearray(SHAPES_TINY_CHECKPOINT.read_bytes())
+    weights[-1] ^= 1  # one bit of the last weight
+    other.write_bytes(bytes(weights))
+    on_copy = _finished_run(tmp_path / "a", [f"model.path={copy}", "pool=48"])
+    on_other = _finished_run(tmp_path / "b", [f"model.path={other}"])
+    rows = {row["run"]: row for row in _report(tmp_path, [on_copy, on_other])["runs"]}
+    assert rows[str(on_copy)]["settings"] == {"pool": "48"}
+    assert rows[str(on_other)]["settings"] == {"model.path": str(other)}
+
+
 def test_seeds_of_one_setting_pool_into_a_mean_and_its_standard_error(tmp_path):
     runs = [_finished_run(tmp_path / "s0", ["train.lr=0.002"], seed=0, compliance=(0.50, 0.56)),
             _finished_run(tmp_path / "s1", ["train.lr=0.002"], seed=1, compliance=(0.50, 0.60)),
