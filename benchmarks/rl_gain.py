@@ -23,7 +23,7 @@ match the one each run recorded, so the split is of the images the run was score
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import json
 import sys
 from pathlib import Path
@@ -31,12 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
-from solrl_core.config import ConfigError, to_dict  # noqa: E402
+from solrl_core.config import ConfigError, from_dict, to_dict  # noqa: E402
 from solrl_core.ledger import SUMMARY_FILE, write_json  # noqa: E402
 from solrl_core.presets import resolve_config  # noqa: E402
 from solrl_core.seed_stats import mean_se  # noqa: E402
-from solrl_core.tracking import flatten_params  # noqa: E402
-from solrl_core.world import SHAPES_TINY_CHECKPOINT  # noqa: E402
+from solrl_core.tracking import base_checkpoint, file_md5, flatten_params  # noqa: E402
 
 # Issue 10's goal for make run: this much gain in the trained reward, at most this aesthetic loss.
 GOAL_GAIN, GOAL_UNTRAINED_DROP = 0.10, 0.03
@@ -87,15 +86,20 @@ def settings_of(config: dict, reference: dict[str, str]) -> dict[str, str]:
 
 
 def same_weights(config: dict, reference: dict[str, str]) -> bool:
-    """Whether the run's and the reference's model.path hold the same bytes (the embedded world's
-    empty path is its committed checkpoint); a file that is not there compares unequal."""
-    if config["model"]["loader"] != "shapes-tiny" or reference.get("model.loader") != "shapes-tiny":
+    """Whether the run's and the reference's model.path hold the same bytes, each resolved as the
+    tracker resolves the base checkpoint it tags (the embedded world's empty path: its committed
+    checkpoint); a path that is not one file compares unequal."""
+    models = [config["model"], {"loader": reference["model.loader"], "path": reference["model.path"]}]
+    files = [base_checkpoint(from_dict({"model": model})) for model in models]
+    if not all(file is not None and file.is_file() for file in files):
         return False
-    files = [Path(path) if path else SHAPES_TINY_CHECKPOINT
-             for path in (config["model"]["path"], reference.get("model.path", ""))]
-    if not all(file.is_file() for file in files):
-        return False
-    return len({hashlib.sha256(file.read_bytes()).hexdigest() for file in files}) == 1
+    return len({checkpoint_md5(file) for file in files}) == 1
+
+
+@functools.cache
+def checkpoint_md5(file: Path) -> str:
+    """Each checkpoint is hashed once per report, however many runs name it."""
+    return file_md5(file)
 
 
 def as_given(value: str) -> str:
