@@ -119,7 +119,7 @@ def run_row(folder: Path, summary: dict, reference: dict[str, str]) -> dict:
     base, final = evaluations[0], evaluations[-1]
     peak = max(evaluations[1:] or evaluations, key=lambda e: e[trained])
     return {
-        "run": str(folder), "seed": config["seed"], "iterations": config["iterations"],
+        "run": str(folder), "family": config["family"], "seed": config["seed"], "iterations": config["iterations"],
         "settings": settings_of(config, reference),
         "seconds": summary.get("seconds"), "threads": summary.get("threads"),
         "trained_reward": trained, "untrained_rewards": untrained,
@@ -190,12 +190,14 @@ def label(settings: dict[str, str]) -> str:
 
 
 def pool_by_settings(rows: list[dict]) -> list[dict]:
-    """One entry per distinct settings, its seeds pooled; best mean gain first."""
-    groups: dict[str, list[dict]] = {}
+    """One entry per family and distinct settings, its seeds pooled; best mean gain first. Settings
+    are a run's differences from its own family, so two families' runs with the same differences
+    are different runs and never pooled."""
+    groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
-        groups.setdefault(label(row["settings"]), []).append(row)
+        groups.setdefault((row["family"], label(row["settings"])), []).append(row)
     pooled = []
-    for name, members in groups.items():
+    for (family, name), members in groups.items():
         members = sorted(members, key=lambda m: m["seed"])  # seeds and runs listed in the same order
         gain, gain_se = mean_se([m["gain"] for m in members])
         peak, _ = mean_se([m["peak_gain"] for m in members])
@@ -205,7 +207,8 @@ def pool_by_settings(rows: list[dict]) -> list[dict]:
         term_change = None if terms is None else {
             key: mean_se([m["terms"][key]["final"] - m["terms"][key]["base"] for m in members])[0] for key in terms}
         pooled.append({
-            "settings": name, "seeds": [m["seed"] for m in members], "iterations": members[0]["iterations"],
+            "family": family, "settings": name, "seeds": [m["seed"] for m in members],
+            "iterations": members[0]["iterations"],
             "gain_mean": gain, "gain_se": gain_se, "peak_gain_mean": peak, "untrained_change_mean": untrained,
             "term_change_mean": term_change,
             "meets_goal": gain >= GOAL_GAIN and all(change >= -GOAL_UNTRAINED_DROP for change in untrained.values()),
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         untrained = ", ".join(f"{k} {v:+.4f}" for k, v in entry["untrained_change_mean"].items())
         made_of = "".join(f"; {k} {v:+.4f}" for k, v in (entry["term_change_mean"] or {}).items() if k != "compliance")
         print(f"{entry['gain_mean']:+.4f}{se} (peak {entry['peak_gain_mean']:+.4f}; {untrained}{made_of}; seeds "
-              f"{entry['seeds']}): {entry['settings']}")
+              f"{entry['seeds']}): {entry['family']}, {entry['settings']}")
     print(f"wrote {args.out}")
     return 0
 

@@ -13,9 +13,9 @@ from solrl_core.config import parse_override, to_dict
 from solrl_core.presets import resolve_config
 
 
-def _finished_run(folder, overrides=(), seed=0, compliance=(0.50, 0.55), aesthetic=(0.95, 0.94)):
+def _finished_run(folder, overrides=(), seed=0, compliance=(0.50, 0.55), aesthetic=(0.95, 0.94), family="sol_rl"):
     """A run folder as `solrl run` leaves it: summary.json with the resolved config and evaluations."""
-    config = resolve_config("shapes-tiny", "sol_rl", [parse_override(o) for o in (*overrides, f"seed={seed}")])
+    config = resolve_config("shapes-tiny", family, [parse_override(o) for o in (*overrides, f"seed={seed}")])
     evaluations = [{"iteration": -1, "shapes-compliance": compliance[0], "shapes-aesthetic": aesthetic[0]},
                    {"iteration": 4, "shapes-compliance": max(compliance) + 0.01, "shapes-aesthetic": aesthetic[0]},
                    {"iteration": 19, "shapes-compliance": compliance[1], "shapes-aesthetic": aesthetic[1]}]
@@ -69,6 +69,16 @@ def test_seeds_of_one_setting_pool_into_a_mean_and_its_standard_error(tmp_path):
     # One seed has no standard error, and a gain paid for in the aesthetic is reported beside it.
     assert preset["settings"] == "the preset as it is" and preset["gain_se"] is None
     assert preset["untrained_change_mean"]["shapes-aesthetic"] == pytest.approx(-0.05)
+
+
+def test_two_families_runs_with_the_same_changes_are_never_pooled(tmp_path):
+    # Settings are differences from the run's own family: naive_scaling at the preset is not sol_rl.
+    sol_rl = _finished_run(tmp_path / "sol", seed=0, compliance=(0.50, 0.60))
+    scaling = _finished_run(tmp_path / "scaling", seed=1, compliance=(0.50, 0.52), family="naive_scaling")
+    entries = _report(tmp_path, [sol_rl, scaling])["settings"]
+    assert [(e["family"], e["settings"], e["seeds"]) for e in entries] == [
+        ("sol_rl", "the preset as it is", [0]), ("naive_scaling", "the preset as it is", [1])]
+    assert [e["gain_mean"] for e in entries] == pytest.approx([0.10, 0.02])
 
 
 def test_the_goal_needs_the_gain_and_the_untrained_reward_kept(tmp_path):
