@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 # the 4 most extreme kept (the family's 4:1), and 32 optimizer steps per iteration. On the committed
 # base this split of the explorer's work learns the most held-out compliance of the settings tried
 # within 10 minutes (reports/benchmarks/rl_gain*.json); the preset itself keeps the paper's shape
-# (4 prompts x 96 seeds, 24 kept), which the equal-budget study (params.yaml) runs.
+# (4 prompts x 96 seeds, 24 kept); the equal-budget study (params.yaml) runs 8 x 48 with 12 kept.
 MAKE_RUN_SETTINGS ?= -S prompts_per_iteration=48 -S pool=16 -S keep=4 -S train.steps_per_iteration=32
 
 run: $(STAMP)

@@ -103,14 +103,14 @@ def mean_curve(curves: Sequence[Curve]) -> dict:
 
 def resample_indices(sizes: dict[str, int], resamples: int = BOOTSTRAP_RESAMPLES,
                      seed: int = BOOTSTRAP_SEED) -> dict[str, list[list[int]]]:
-    """For each family, ``resamples`` draws of its seed indices with replacement, from one generator
-    (families in the order given, so a report's resamples depend only on that order and the seed)."""
-    generator = random.Random(seed)
-    draws: dict[str, list[list[int]]] = {name: [] for name in sizes}
-    for _ in range(resamples):
-        for name, n in sizes.items():
-            draws[name].append(generator.choices(range(n), k=n))
-    return draws
+    """For each family, ``resamples`` draws of its seed indices with replacement, from a generator of
+    its own seeded by the bootstrap seed and the family's name: a pair's interval then depends only
+    on the two families' runs, not on which other families share the report or their order."""
+    return {name: _family_draws(n, resamples, random.Random(f"{seed}:{name}")) for name, n in sizes.items()}
+
+
+def _family_draws(n: int, resamples: int, generator: random.Random) -> list[list[int]]:
+    return [generator.choices(range(n), k=n) for _ in range(resamples)]
 
 
 def resampled_mean(values: Sequence[Sequence[float]], picks: Sequence[int]) -> list[float]:

@@ -72,6 +72,14 @@ def test_resampling_is_fixed_by_the_bootstrap_seed():
     assert seed_stats.resample_indices({"a": 3}, 10, seed=1) != seed_stats.resample_indices({"a": 3}, 10, seed=2)
 
 
+def test_a_familys_resamples_do_not_depend_on_the_other_families_in_the_report():
+    # Adding a variant to the study, or listing the families in another order, leaves every
+    # existing pair's bootstrap interval where it was.
+    alone = draws_for(a=3, b=4)
+    assert draws_for(c=5, b=4, a=3)["a"] == alone["a"] and draws_for(b=4, c=2, a=3)["b"] == alone["b"]
+    assert alone["a"] != draws_for(z=3)["z"]  # each family its own stream, even at equal seed counts
+
+
 def test_interval_of_a_difference_of_final_rewards():
     # Mean of 3 draws from {1, 2, 3}: it is exactly 1 with probability 1/27 = 3.7% > 2.5%, and exactly
     # 3 as often, so the percentile interval of the difference to a family at 0 is [1, 3].
