@@ -75,6 +75,13 @@ def first_crossing(curve: Curve, target: float) -> float | None:
     return None
 
 
+# A speed-up that is not defined says why: the full sentence goes to compare.json, the short form
+# to the tables and bullets, where the interval beside it already says the rest.
+BASELINE_DID_NOT_IMPROVE = "the baseline did not improve on its start; no speed-up is defined"
+CANDIDATE_NEVER_REACHED = "the candidate never reached the target within the budget"
+_SHORT_NOTES = {BASELINE_DID_NOT_IMPROVE: "undefined (no baseline gain)", CANDIDATE_NEVER_REACHED: "not reached"}
+
+
 def speedup_to_equal_reward(baseline: Curve, candidate: Curve, fractions: Sequence[float] = GAIN_FRACTIONS) -> dict:
     """GPU-hours the baseline needs to reach a reward over those the candidate needs.
 
@@ -89,12 +96,12 @@ def speedup_to_equal_reward(baseline: Curve, candidate: Curve, fractions: Sequen
         entry: dict = {"target_reward": start + fraction * gain, "baseline_gpu_hours": None,
                        "candidate_gpu_hours": None, "speedup": None}
         if gain <= 0:
-            entry["note"] = "the baseline did not improve on its start; no speed-up is defined"
+            entry["note"] = BASELINE_DID_NOT_IMPROVE
         else:
             entry["baseline_gpu_hours"] = first_crossing(baseline, entry["target_reward"])
             entry["candidate_gpu_hours"] = first_crossing(candidate, entry["target_reward"])
             if entry["candidate_gpu_hours"] is None:
-                entry["note"] = "the candidate never reached the target within the budget"
+                entry["note"] = CANDIDATE_NEVER_REACHED
             elif entry["candidate_gpu_hours"] > 0:
                 entry["speedup"] = entry["baseline_gpu_hours"] / entry["candidate_gpu_hours"]
         result["at"][f"{fraction:g}"] = entry
@@ -539,9 +546,8 @@ def bootstrap_speedup(baseline: dict, candidate: dict, baseline_name: str, candi
         entry = speedup(seed_stats.resampled_mean(baseline["per_seed"], picks[baseline_name]),
                         seed_stats.resampled_mean(candidate["per_seed"], picks[candidate_name]))
         if entry["speedup"] is None:
-            reason = ("candidate_never_reached" if entry["candidate_gpu_hours"] is None and entry.get("note", "")
-                      .startswith("the candidate") else "baseline_did_not_improve" if "did not improve"
-                      in entry.get("note", "") else "other")
+            reason = {CANDIDATE_NEVER_REACHED: "candidate_never_reached",
+                      BASELINE_DID_NOT_IMPROVE: "baseline_did_not_improve"}.get(entry.get("note"), "other")
             reasons[reason] = reasons.get(reason, 0) + 1
         return entry["speedup"]
 
@@ -758,7 +764,7 @@ def method_speedups(report: dict) -> list[str]:
     for profile in next(iter(by_family.values())):
         label = f"{profile} (sized the budget)" if profile == report["device_profile"] else f"{profile} (re-costed)"
         lines.append(f"- {label}: " + "; ".join(
-            f"{name} {_fmt(entry[profile]['speedup'], '.2f', entry[profile]['note'] or 'n/a', suffix='x')}"
+            f"{name} {speedup_text(entry[profile])}"
             + (f" {_interval(entry[profile]['ci'])}" if entry[profile]["ci"] is not None else " (one seed: no interval)")
             for name, entry in by_family.items() if profile in entry))
     return lines
@@ -798,7 +804,7 @@ def seed_tables(report: dict, seeds: int) -> list[str]:
                 lines.append(f"| {label} | {name} | {result['target_reward']:.4f} | "
                              f"{_fmt(result['baseline_gpu_hours'], '.3g', 'n/a')} | "
                              f"{_fmt(result['candidate_gpu_hours'], '.3g', 'not reached')} | "
-                             f"{_fmt(result['speedup'], '.2f', result.get('note') or 'n/a', suffix='x')} | "
+                             f"{speedup_text(result)} | "
                              f"{_interval(result['ci'])} | {_undefined(result)} |")
     others = [profile for profile in statistics["profiles"] if profile != device]
     for profile in others:
@@ -835,6 +841,12 @@ def _undefined(result: dict) -> str:
         return "n/a"
     never = result["undefined_reasons"].get("candidate_never_reached", 0) / result["resamples"]
     return f"{result['undefined_share']:.1%} ({never:.1%})"
+
+
+def speedup_text(entry: dict) -> str:
+    """A speed-up as a table cell: ``1.23x``, or why there is none in a few words."""
+    note = entry.get("note")
+    return _fmt(entry["speedup"], ".2f", _SHORT_NOTES.get(note, note) or "n/a", suffix="x")
 
 
 def _fmt(value, spec: str, missing: str, suffix: str = "") -> str:

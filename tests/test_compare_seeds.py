@@ -11,7 +11,7 @@ import pytest
 
 from solrl_core import seed_stats
 from flows.cli import main
-from solrl_core.compare import bootstrap_speedup
+from solrl_core.compare import CANDIDATE_NEVER_REACHED, bootstrap_speedup, speedup_text
 from solrl_core.config import parse_override
 from solrl_core.presets import resolve_config
 from solrl_core.recost import recosted_hours
@@ -116,6 +116,9 @@ def test_bootstrap_counts_resamples_where_the_candidate_never_reaches_the_target
     assert result["undefined_reasons"] == {"candidate_never_reached": undefined}
     assert result["ci"] == [None, pytest.approx(4.0)]  # the lower end falls among the undefined resamples
     assert result["ci_defined_only"] == pytest.approx([4.0, 4.0])
+    # compare.json keeps the reason in full; the tables' cell says it in two words beside the interval.
+    assert result["note"] == CANDIDATE_NEVER_REACHED and speedup_text(result) == "not reached"
+    assert speedup_text(bootstrap_speedup(family(LINEAR), family(FAST), "base", "cand", None)) == "4.00x"
 
 
 def test_one_seed_gives_a_point_and_no_interval():
