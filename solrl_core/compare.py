@@ -79,7 +79,9 @@ def first_crossing(curve: Curve, target: float) -> float | None:
 # to the tables and bullets, where the interval beside it already says the rest.
 BASELINE_DID_NOT_IMPROVE = "the baseline did not improve on its start; no speed-up is defined"
 CANDIDATE_NEVER_REACHED = "the candidate never reached the target within the budget"
-_SHORT_NOTES = {BASELINE_DID_NOT_IMPROVE: "undefined (no baseline gain)", CANDIDATE_NEVER_REACHED: "not reached"}
+# Each reason: its key in a bootstrap's undefined_reasons, and its short form.
+_UNDEFINED = {BASELINE_DID_NOT_IMPROVE: ("baseline_did_not_improve", "undefined (no baseline gain)"),
+              CANDIDATE_NEVER_REACHED: ("candidate_never_reached", "not reached")}
 
 
 def speedup_to_equal_reward(baseline: Curve, candidate: Curve, fractions: Sequence[float] = GAIN_FRACTIONS) -> dict:
@@ -546,8 +548,7 @@ def bootstrap_speedup(baseline: dict, candidate: dict, baseline_name: str, candi
         entry = speedup(seed_stats.resampled_mean(baseline["per_seed"], picks[baseline_name]),
                         seed_stats.resampled_mean(candidate["per_seed"], picks[candidate_name]))
         if entry["speedup"] is None:
-            reason = {CANDIDATE_NEVER_REACHED: "candidate_never_reached",
-                      BASELINE_DID_NOT_IMPROVE: "baseline_did_not_improve"}.get(entry.get("note"), "other")
+            reason = _UNDEFINED.get(entry.get("note"), ("other",))[0]
             reasons[reason] = reasons.get(reason, 0) + 1
         return entry["speedup"]
 
@@ -846,7 +847,8 @@ def _undefined(result: dict) -> str:
 def speedup_text(entry: dict) -> str:
     """A speed-up as a table cell: ``1.23x``, or why there is none in a few words."""
     note = entry.get("note")
-    return _fmt(entry["speedup"], ".2f", _SHORT_NOTES.get(note, note) or "n/a", suffix="x")
+    short = _UNDEFINED[note][1] if note in _UNDEFINED else note
+    return _fmt(entry["speedup"], ".2f", short or "n/a", suffix="x")
 
 
 def _fmt(value, spec: str, missing: str, suffix: str = "") -> str:
