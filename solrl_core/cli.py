@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = commands.add_parser("pretrain", help="pretrain the embedded world's base model")
     pretrain.add_argument("--preset", default="shapes-tiny", choices=["shapes-tiny"])
-    pretrain.add_argument("--steps", type=int, default=None, help="optimizer steps (default 4500)")
+    pretrain.add_argument("--steps", type=int, default=None, help="optimizer steps (default 4000)")
     pretrain.add_argument("--heads", type=int, default=None, help="attention heads of 16 channels (default 4: width 64)")
     pretrain.add_argument("--seed", type=int, default=None, help="seed of the scenes, the weights and the noise (default 0)")
     pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")

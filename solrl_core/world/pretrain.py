@@ -44,7 +44,7 @@ class PretrainError(ValueError):
 
 @dataclass(frozen=True)
 class PretrainSettings:
-    steps: int = 4500
+    steps: int = 4000
     batch: int = 64
     lr: float = 1e-3
     warmup: int = 200
