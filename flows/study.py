@@ -8,8 +8,9 @@ seeds, the budget, and the points of the paper's two ablations. Each stage names
     python -m flows.study compare --root R                                     # compare
     python -m flows.study compare --root R --ablation pool                     # ablation@pool
 
-A run stage trains one (family or ablation point, seed) to the budget, sized exactly as `solrl
-compare` sizes it, and writes its own run folder and nothing else:
+A run stage trains one (family or ablation point, seed) to its budget (compare.budget_gpu_hours,
+or the ablation's own budget_gpu_hours), sized exactly as `solrl compare` sizes it, and writes its
+own run folder and nothing else:
 
     R/runs/<family>/seed-<s>/                               a family's run
     R/ablation-<name>/runs/<name>=<point>/seed-<s>/         an ablation point's run (sol_rl, one key varied)
@@ -45,7 +46,12 @@ class Study:
     budget_gpu_hours: float
     evaluations: int
     device: str
-    ablations: dict[str, dict[str, list]]  # ablation -> {"points": [...], "seeds": [...]}
+    # ablation -> {"points": [...], "seeds": [...], "budget_gpu_hours": its runs' budget}
+    ablations: dict[str, dict[str, Any]]
+
+    def budget_of(self, ablation: str | None = None) -> float:
+        """The modeled budget a run trains to: the comparison's, or an ablation's own."""
+        return self.budget_gpu_hours if ablation is None else self.ablations[ablation]["budget_gpu_hours"]
 
 
 def load_study(path: Path) -> Study:
@@ -65,14 +71,15 @@ def load_study(path: Path) -> Study:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(STUDY_KEYS)} "
                           f"(config keys every run shares go under settings:)")
     compare = _mapping(params.get("compare"), f"{where}: compare")
+    budget = _positive(compare.get("budget_gpu_hours"), f"{where}: compare.budget_gpu_hours")
     return Study(preset=_text(params.get("preset"), f"{where}: preset"),
                  settings=_mapping(params.get("settings", {}), f"{where}: settings"),
                  families=_families(params.get("families"), where),
                  seeds=_seeds(params.get("seeds"), f"{where}: seeds"),
-                 budget_gpu_hours=_positive(compare.get("budget_gpu_hours"), f"{where}: compare.budget_gpu_hours"),
+                 budget_gpu_hours=budget,
                  evaluations=_count(compare.get("evaluations"), f"{where}: compare.evaluations"),
                  device=_text(compare.get("device"), f"{where}: compare.device"),
-                 ablations=_ablations(params.get("ablations", {}), where))
+                 ablations=_ablations(params.get("ablations", {}), where, budget))
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -139,7 +146,10 @@ def family_of(study: Study, name: str) -> str:
     return study.families[name].get(VARIANT_OF, name)
 
 
-def _ablations(value: Any, where: str) -> dict[str, dict[str, list]]:
+def _ablations(value: Any, where: str, default_budget: float) -> dict[str, dict[str, Any]]:
+    """Each ablation's points and seeds, and the budget its runs train to: its own
+    ``budget_gpu_hours`` where it names one (an ablation of sol_rl need not run as long as the
+    comparison, whose budget is set by when diffusionnft flattens), else the comparison's."""
     from solrl_core.ablations import ABLATION_KEYS
 
     ablations = _mapping(value, f"{where}: ablations")
@@ -150,7 +160,13 @@ def _ablations(value: Any, where: str) -> dict[str, dict[str, list]]:
         points = section.get("points")
         if not isinstance(points, list) or not points or len(set(map(str, points))) != len(points):
             raise ConfigError(f"{where}: ablations.{name}.points: expected a list of distinct values, got {points!r}")
-        ablations[name] = {"points": points, "seeds": _seeds(section.get("seeds"), f"{where}: ablations.{name}.seeds")}
+        unknown = [key for key in section if key not in ("points", "seeds", "budget_gpu_hours")]
+        if unknown:
+            raise ConfigError(f"{where}: ablations.{name}: unknown key {unknown[0]!r}; "
+                              f"allowed: points, seeds, budget_gpu_hours")
+        budget = section.get("budget_gpu_hours", default_budget)
+        ablations[name] = {"points": points, "seeds": _seeds(section.get("seeds"), f"{where}: ablations.{name}.seeds"),
+                           "budget_gpu_hours": _positive(budget, f"{where}: ablations.{name}.budget_gpu_hours")}
     return ablations
 
 
@@ -214,7 +230,7 @@ def variant_dir(root: Path, family: str | None = None, ablation: str | None = No
 
 def run_one(study: Study, root: Path, seed: int, family: str | None = None, ablation: str | None = None,
             point: str | None = None, log=print) -> Path:
-    """Train one (variant, seed) of the study to the budget into its own folder; a finished run of
+    """Train one (variant, seed) of the study to its budget into its own folder; a finished run of
     the same config there is kept, an interrupted one resumes (as solrl compare does)."""
     if ablation is None:
         config, seeds, name = family_config(study, family), study.seeds, family
@@ -228,7 +244,7 @@ def run_one(study: Study, root: Path, seed: int, family: str | None = None, abla
     # Imported once the params are known to be good: the training stack's imports print warnings.
     from solrl_core.compare import plan_seeds, run_variant
 
-    [plan] = plan_seeds(config, variant_dir(root, family, ablation, point), study.budget_gpu_hours,
+    [plan] = plan_seeds(config, variant_dir(root, family, ablation, point), study.budget_of(ablation),
                         study.evaluations, [seed])
     run_variant(f"{name} seed {seed}", plan, log)
     return plan["run_dir"]
@@ -246,7 +262,7 @@ def compare_study(study: Study, root: Path, ablation: str | None = None, command
         _known(ablation, study.ablations, "ablation", "ablations")
         names = [variant_name(ablation, str(point)) for point in study.ablations[ablation]["points"]]
         seeds, out = study.ablations[ablation]["seeds"], ablation_dir(root, ablation)
-    return compare_finished_runs(out / "runs", out, study.budget_gpu_hours, command=command, families=names,
+    return compare_finished_runs(out / "runs", out, study.budget_of(ablation), command=command, families=names,
                                  seeds=seeds)
 
 

@@ -77,6 +77,9 @@ def write_params(tmp_path: Path, change) -> Path:
      ["--family", "fast"], "int3"),
     (lambda p: p["ablations"].update(lr={"points": [1], "seeds": [0]}), ["--family", "sol_rl"], "unknown ablation"),
     (lambda p: p["compare"].update(budget_gpu_hours=-1), ["--family", "sol_rl"], "compare.budget_gpu_hours"),
+    (lambda p: p["ablations"]["pool"].update(budget_gpu_hours=0), ["--family", "sol_rl"],
+     "ablations.pool.budget_gpu_hours"),
+    (lambda p: p["ablations"]["pool"].update(iterations=3), ["--family", "sol_rl"], "ablations.pool: unknown key"),
     (lambda p: p["settings"].update(pool="many"), ["--family", "sol_rl"], "pool"),
     (lambda p: None, ["--family", "naive_quant"], "no family 'naive_quant' under families"),
     (lambda p: None, ["--ablation", "pool", "--point", "96"], "no point of pool '96'"),
@@ -100,6 +103,30 @@ def test_a_seed_outside_the_study_and_a_comparison_without_its_runs_are_one_line
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no finished run" in error
     assert not root.exists()
+
+
+def test_an_ablation_trains_to_its_own_budget_or_else_the_comparisons(tmp_path):
+    # The comparison's budget is set by when diffusionnft flattens; an ablation of sol_rl names its
+    # own, and its runs and its comparison are sized to it, the families' runs to theirs.
+    def budgets(params):
+        params["compare"]["budget_gpu_hours"] = 3.0e-9
+        params["ablations"]["pool"]["budget_gpu_hours"] = 9.0e-9
+        del params["ablations"]["explore-steps"]["budget_gpu_hours"]
+
+    params = write_params(tmp_path, budgets)
+    study = load_study(params)
+    assert (study.budget_of(), study.budget_of("pool"), study.budget_of("explore-steps")) == (3.0e-9, 9.0e-9, 3.0e-9)
+    root = tmp_path / "pipeline"
+    assert main(["run", "--params", str(params), "--root", str(root), "--ablation", "pool", "--point", "6",
+                 "--seed", "0"]) == 0
+    assert main(["compare", "--params", str(params), "--root", str(root), "--ablation", "pool"]) == 0
+    report = json.loads((root / "ablation-pool" / "compare.json").read_text())
+    assert report["budget_gpu_hours"] == 9.0e-9
+    run = report["families"]["pool=6"]
+    per_iteration = run["modeled_gpu_hours_per_iteration"]
+    # As many whole iterations as fit the ablation's budget: more than the comparison's would allow.
+    assert run["iterations"] * per_iteration <= 9.0e-9 < (run["iterations"] + 1) * per_iteration
+    assert run["iterations"] > 3.0e-9 // per_iteration
 
 
 def test_a_family_variant_trains_as_its_family_with_its_own_keys_and_is_compared_against_it(tmp_path):
