@@ -3,7 +3,7 @@ writes JSON. Nothing is trained.
 
     .venv/bin/python benchmarks/study_wallclock.py --out reports/benchmarks/study_wallclock.json
 
-How: every run stage (family x seed, ablation point x seed) is sized to the budget exactly as the
+How: every run stage (family x seed, ablation point x seed) is sized to its budget exactly as the
 stage sizes itself (flows.study's config, solrl_core.compare.size_to_budget on its modeled
 iteration), which gives its iterations and evaluations. The calls each training stage makes per
 iteration come from accounting.stage_flops, which multiplies a per-call quantity by the number of
@@ -148,10 +148,10 @@ def iteration_seconds(config, seconds: dict) -> dict[str, float]:
     return result
 
 
-def run_stage_estimate(config, study, seconds: dict) -> dict:
+def run_stage_estimate(config, study, budget_gpu_hours: float, seconds: dict) -> dict:
     from solrl_core.stages import modeled_iteration_hours
 
-    sized = size_to_budget(config, study.budget_gpu_hours, study.evaluations, modeled_iteration_hours(config)["total"])
+    sized = size_to_budget(config, budget_gpu_hours, study.evaluations, modeled_iteration_hours(config)["total"])
     stage = iteration_seconds(sized, seconds)
     evaluations = 1 + sum(should_evaluate(sized, i) for i in range(sized.iterations))  # the base, then each
     training = sized.iterations * sum(stage[name] for name in TRAINING)
@@ -183,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     use_threads(args)
     study = load_study(Path(args.params))
     params = yaml.safe_load(Path(args.params).read_text())
-    runs = {f"train@{family}-{seed}": family_config(study, family) for family in study.families for seed in study.seeds}
-    runs.update({f"{name}@{point}-{seed}": ablation_config(study, name, str(point))
+    # stage -> (its config, the budget it is sized to: the comparison's, or its ablation's own)
+    runs = {f"train@{family}-{seed}": (family_config(study, family), study.budget_of())
+            for family in study.families for seed in study.seeds}
+    runs.update({f"{name}@{point}-{seed}": (ablation_config(study, name, str(point)), study.budget_of(name))
                  for name, section in study.ablations.items() for point in section["points"]
                  for seed in section["seeds"]})
     reference = family_config(study, "sol_rl")
-    backends = {config.explore.backend for config in runs.values()} | set(str(params["fidelity"]["backends"]).split(","))
+    backends = {config.explore.backend for config, _ in runs.values()} | set(str(params["fidelity"]["backends"]).split(","))
     seconds = per_call_seconds(reference, backends)
     start = process_start_seconds()
     print(f"per sample: policy {seconds['policy_forward'] * 1e3:.2f} ms, explorers "
@@ -197,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
     variants: dict[str, dict] = {}  # the seed changes no cost: one estimate per variant
     stage_estimates = {}
-    for name, config in runs.items():
+    for name, (config, budget) in runs.items():
         variant = name.rsplit("-", 1)[0]
         if variant not in variants:
-            variants[variant] = run_stage_estimate(config, study, seconds)
+            variants[variant] = run_stage_estimate(config, study, budget, seconds)
             print(f"{variant:26s} {variants[variant]['iterations']:3d} iterations, "
                   f"{variants[variant]['evaluations']} evaluations: {variants[variant]['seconds']:.0f} s per run")
         stage_estimates[name] = variants[variant]["seconds"] + start
