@@ -159,6 +159,9 @@ class TrainConfig:
     # DiffusionNFT: implicit-policy mixing strength and advantage clip.
     nft_beta: float = 1.0
     adv_clip: float = 5.0
+    # Which advantages train: all, positive_only or negative_only (solrl_core.nft.ADVANTAGE_MODES;
+    # the reference code's adv_mode). The others get the neutral weight 1/2.
+    adv_mode: str = "all"
     kl_weight: float = 1e-4
     timestep_fraction: float = 0.6
     # Optimizer steps per iteration (the paper: one); the kept samples are split evenly.

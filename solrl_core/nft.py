@@ -10,6 +10,10 @@ import torch
 
 NORMALISER_FLOOR = 1e-5
 ADVANTAGE_EPS = 1e-4
+# train.adv_mode: which side of the advantages trains. "positive_only" gives every below-mean
+# sample the neutral weight 1/2 (it then only holds the policy near the old one), so the update
+# imitates the good samples and pushes away from none; "negative_only" is the mirror image.
+ADVANTAGE_MODES = ("all", "positive_only", "negative_only")
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -31,9 +35,12 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return (centred / (spread + ADVANTAGE_EPS)).float()
 
 
-def optimality_weight(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
-    """w = clip(clip(A, -A_max, A_max) / (2 A_max) + 0.5, 0, 1): 1 for the best, 0 for the worst."""
-    clipped = advantages.clamp(-adv_clip, adv_clip)
+def optimality_weight(advantages: torch.Tensor, adv_clip: float, mode: str = "all") -> torch.Tensor:
+    """w = clip(clip(A, -A_max, A_max) / (2 A_max) + 0.5, 0, 1): 1 for the best, 0 for the worst.
+    ``mode`` (ADVANTAGE_MODES) first zeroes the negative or the positive advantages."""
+    low, high = {"all": (-adv_clip, adv_clip), "positive_only": (0.0, adv_clip),
+                 "negative_only": (-adv_clip, 0.0)}[mode]
+    clipped = advantages.clamp(low, high)
     return (clipped / (2 * adv_clip) + 0.5).clamp(0.0, 1.0)
 
 

@@ -362,7 +362,7 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     # The advantage's std is over the whole iteration: the kept rewards of every rank's groups.
     all_advantages = group_advantages(torch.cat(distributed.all_gather_objects(rollout.combined())))
     advantages = all_advantages[rollout.first_slot:rollout.first_slot + rollout.seeds.shape[0]]
-    weights = optimality_weight(advantages, train.adv_clip).flatten()
+    weights = optimality_weight(advantages, train.adv_clip, train.adv_mode).flatten()
     flat_latents = rollout.latents.flatten(0, 1)
     flat_prompts = [p for p in rollout.prompts for _ in range(rollout.seeds.shape[1])]
     # A sample whose reward is not finite (the reward model failed on it) has no advantage: it

@@ -18,6 +18,7 @@ from solrl_core.adaptive import schedule_problem
 from solrl_core.config import DEVICE_TYPES, DTYPES, MAX_COUNT, Config, ConfigError, shown, config_keys, get_key
 from solrl_core.families import FAMILIES
 from solrl_core.models.registry import MODELS
+from solrl_core.nft import ADVANTAGE_MODES
 from solrl_core.quant.backends import BACKENDS
 from solrl_core.rewards.registry import REWARDS
 from solrl_core.sampling import SAMPLERS
@@ -53,6 +54,8 @@ def check_config(config: Config, presets: Collection[str]) -> Config:
              f"train.timestep_fraction ({config.train.timestep_fraction}) must be in (0, 1]")
     _require(config.train.nft_beta > 0, f"train.nft_beta ({config.train.nft_beta}) must be > 0")
     _require(config.train.adv_clip > 0, f"train.adv_clip ({config.train.adv_clip}) must be > 0")
+    _require(config.train.adv_mode in ADVANTAGE_MODES,
+             f"unknown train.adv_mode '{config.train.adv_mode}'; allowed: {', '.join(ADVANTAGE_MODES)}")
     _require(config.train.kl_weight >= 0, f"train.kl_weight ({config.train.kl_weight}) must be >= 0")
     _require(config.train.grad_clip > 0, f"train.grad_clip ({config.train.grad_clip}) must be > 0")
     _require(0 <= config.train.weight_decay, f"train.weight_decay ({config.train.weight_decay}) must be >= 0")

@@ -46,6 +46,7 @@ from solrl_core.cli import build_parser
 from solrl_core.config import (MAX_COUNT, Config, ConfigError, config_keys, declared_type, from_dict, get_key,
                                parse_override, to_yaml)
 from solrl_core.models.registry import MODELS
+from solrl_core.nft import ADVANTAGE_MODES
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 from tests._cli_checks import assert_user_error, nothing_runs
 
@@ -162,7 +163,7 @@ FLOAT_RANGES = {  # valid values of each float key
 STRING_CHOICES = {  # valid values of each validated string key
     "explore.backend": BACKENDS, "sampler.kind": ("euler", "dpm2"), "model.dtype": ("auto", "float32", "bfloat16"),
     "model.loader": tuple(MODELS), "model.device": ("auto", "cpu", "cuda", "cuda:1"),
-    "accounting.device": tuple(DEVICE_PROFILES),
+    "accounting.device": tuple(DEVICE_PROFILES), "train.adv_mode": ADVANTAGE_MODES,
 }
 
 

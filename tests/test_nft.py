@@ -46,6 +46,14 @@ def test_optimality_weight_maps_advantages_linearly_and_clips():
     assert torch.allclose(weights, torch.tensor([1.0, 0.0, 1.0]))
 
 
+def test_one_sided_advantage_modes_give_the_other_side_the_neutral_weight():
+    advantages = torch.tensor([5.0, -5.0, 0.0, 2.5, -2.5, 12.0, -40.0])
+    positive = optimality_weight(advantages, adv_clip=5.0, mode="positive_only")
+    assert torch.allclose(positive, torch.tensor([1.0, 0.5, 0.5, 0.75, 0.5, 1.0, 0.5]))
+    negative = optimality_weight(advantages, adv_clip=5.0, mode="negative_only")
+    assert torch.allclose(negative, torch.tensor([0.5, 0.0, 0.5, 0.5, 0.25, 0.5, 0.0]))
+
+
 # --- the loss ------------------------------------------------------------------------------
 
 
