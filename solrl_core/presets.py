@@ -32,7 +32,7 @@ from solrl_core.mappings import merge_nested
 # flux_shift is re-exported: it belongs to FLUX's record, and callers know it from here.
 from solrl_core.models.registry import FLUX_QUANT_SKIP, MODELS, flux_shift  # noqa: F401
 from solrl_core.prompts import check_prompt_files
-from solrl_core.validation import check_config
+from solrl_core.validation import check_config, check_ranges
 
 PRESETS: dict[str, dict[str, Any]] = {
     "shapes-tiny": {
@@ -134,6 +134,7 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
         if key in ("preset", "family"):
             raise ConfigError(f"set {key} with --{key}, not -S")
         apply_mapping(config, {key: value})
+    check_ranges(config)  # a derived setting is computed from numbers in range (FLUX's shift overflows past 8192 px)
     _apply_derived(config, PRESETS[preset].get("derived", {}), {key for key, _ in overrides or []})
     validate(config)
     check_prompt_files(config)

@@ -45,7 +45,7 @@ def check_config(config: Config, presets: Collection[str]) -> Config:
         _require(name in REWARDS, f"reward_paths: unknown reward '{name}'; allowed: {', '.join(REWARDS)}")
     _require(bool(config.train.lora.targets) and all(t.strip() for t in config.train.lora.targets),
              "train.lora.targets is empty; name the modules to adapt, e.g. -S 'train.lora.targets=[to_q, to_v]'")
-    _check_ranges(config)
+    check_ranges(config)
     _require(config.keep <= config.pool, f"keep ({config.keep}) must be <= pool ({config.pool})")
     _require(config.keep % 2 == 0, f"keep ({config.keep}) must be even: half best and half worst seeds are kept")
     _require(config.keep >= 2, f"keep ({config.keep}) must be at least 2 (one best, one worst seed)")
@@ -109,12 +109,17 @@ POSITIVE_INTS = ("iterations", "pool", "keep", "prompts_per_iteration", "explore
                  "train.lora.rank", "train.lora.alpha", "eval.every", "eval.steps", "eval.prompts",
                  "eval.seeds_per_prompt", "eval.chunk", "model.resolution", "prompts.train_pool",
                  "checkpoint.every", "alarms.drift.window")
-INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS}}
+# The largest image side: a FLUX latent at 8192 px is a 262k-token sequence, beyond any model here; a
+# resolution-derived setting (FLUX's timestep shift grows as exp of the token count) stays finite.
+MAX_RESOLUTION = 8192
+INT_RANGES = {"seed": (0, 2**63 - 1), "quant.min_dim": (0, MAX_COUNT), **{key: (1, MAX_COUNT) for key in POSITIVE_INTS},
+              "model.resolution": (1, MAX_RESOLUTION)}
 
 
-def _check_ranges(config: Config) -> None:
+def check_ranges(config: Config) -> None:
     """Every number in range, before any rule that compares or prints one (a vast integer cannot
-    even be printed): integers within their bounds, every float finite."""
+    even be printed): integers within their bounds, every float finite. Also run before a preset's
+    derived settings, which compute from these numbers."""
     for key in config_keys(config):
         value = get_key(config, key)
         if isinstance(value, float):

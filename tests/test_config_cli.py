@@ -141,6 +141,14 @@ def test_seed_beyond_int64_is_rejected_at_validation():
         raise AssertionError("seed 2**63 passed validation")
 
 
+@pytest.mark.parametrize("resolution", [8193, 32768, 2**31 - 1])
+def test_flux_resolution_beyond_the_largest_is_one_line_not_an_overflow(capsys, resolution):
+    """FLUX's shift is derived from the resolution (exp of the token count): a vast resolution is
+    refused by its range before the derived rule runs (the fuzzer found 32768 overflowing)."""
+    code, _, err = run_cli(capsys, "config", "--preset", "flux-imagereward", "-S", f"model.resolution={resolution}")
+    assert_one_line_user_error(code, err, "model.resolution", "8192")
+
+
 def test_infinite_learning_rate_is_rejected():
     try:
         resolve_config("shapes-tiny", "sol_rl", [("train.lr", float("inf"))])
