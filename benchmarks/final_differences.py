@@ -1,0 +1,97 @@
+"""Differences of final reward between families of different comparison reports, with their
+bootstrap 95% intervals over seeds.
+
+A variant probed after the study (its own params file, its own runs) is compared with the study's
+families without running them again: every run is a pure function of its config and seed, so the
+study's per-seed finals in its compare.json are the runs' finals. The interval is the study's own
+(solrl_core.seed_stats: seeds resampled within each family from a generator seeded by the family's
+name), so a pair reads the same here as it would in one report holding both families.
+
+    .venv/bin/python benchmarks/final_differences.py reports/compare.json \\
+        reports/benchmarks/study_shape/adv-mode/compare.json \\
+        --pair sol_rl_positive:sol_rl --pair sol_rl_negative:sol_rl \\
+        --out reports/benchmarks/study_shape/adv-mode/differences.json
+
+A family named in two reports must hold the same budget and per-seed finals in both, or it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from solrl_core.ledger import write_json  # noqa: E402
+from solrl_core.seed_stats import bootstrap_difference, mean_se, resample_indices  # noqa: E402
+
+
+def family_finals(reports: list[dict]) -> dict[str, dict]:
+    """Each family's per-seed final rewards, seeds and budget, from whichever report holds it."""
+    families: dict[str, dict] = {}
+    for report in reports:
+        for name, family in report["families"].items():
+            entry = {"seeds": [run["seed"] for run in family["runs"]],
+                     "finals": [run["final_reward"] for run in family["runs"]],
+                     "budget_gpu_hours": report["budget_gpu_hours"], "peak_of_mean_curve": _peak(family)}
+            if name in families and families[name]["finals"] != entry["finals"]:
+                raise SystemExit(f"final_differences: {name} differs between the reports; compare one of them")
+            families[name] = entry
+    return families
+
+
+def _peak(family: dict) -> dict:
+    """The highest evaluation of the family's curve (the mean over seeds at each evaluation)."""
+    best = max(family["curve"], key=lambda point: point["reward"])
+    return {"reward": best["reward"], "iteration": best["iteration"], "modeled_gpu_hours": best["modeled_gpu_hours"]}
+
+
+def differences(families: dict[str, dict], pairs: list[tuple[str, str]]) -> dict[str, dict]:
+    for name in {name for pair in pairs for name in pair}:
+        if name not in families:
+            raise SystemExit(f"final_differences: no report holds {name}; reports hold {', '.join(families)}")
+    for a, b in pairs:
+        if families[a]["budget_gpu_hours"] != families[b]["budget_gpu_hours"]:
+            raise SystemExit(f"final_differences: {a} and {b} ran to different budgets")
+    finals = {name: entry["finals"] for name, entry in families.items()}
+    draws = resample_indices({name: len(values) for name, values in finals.items()})
+    return {f"{a} - {b}": bootstrap_difference(finals, a, b, draws) for a, b in pairs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="compare.json files")
+    parser.add_argument("--pair", action="append", required=True, help="A:B, for the final of A minus that of B")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    pairs = [tuple(text.split(":", 1)) for text in args.pair]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit("final_differences: give each --pair as A:B")
+    families = family_finals([json.loads(path.read_text()) for path in args.reports])
+    named = sorted({name for pair in pairs for name in pair})
+    result = {"reports": [str(path) for path in args.reports],
+              "families": {name: {**families.get(name, {}), **_mean(families.get(name))} for name in named},
+              "differences": differences(families, pairs)}
+    write_json(args.out, result)
+    for name in named:
+        entry = result["families"][name]
+        peak = entry["peak_of_mean_curve"]
+        print(f"{name:>18}: final {entry['final_mean']:.4f} ± {entry['final_se']:.4f}, peak {peak['reward']:.4f} "
+              f"at iteration {peak['iteration']}")
+    for pair, difference in result["differences"].items():
+        low, high = difference["ci"]
+        print(f"{pair:>28}: {difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}]")
+    return 0
+
+
+def _mean(entry: dict | None) -> dict:
+    if not entry:
+        return {}
+    mean, se = mean_se(entry["finals"])
+    return {"final_mean": mean, "final_se": se}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
