@@ -78,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in named:
         entry = result["families"][name]
         peak = entry["peak_of_mean_curve"]
-        print(f"{name:>18}: final {entry['final_mean']:.4f} ± {entry['final_se']:.4f}, peak {peak['reward']:.4f} "
+        se = "n/a (one seed)" if entry["final_se"] is None else f"{entry['final_se']:.4f}"
+        print(f"{name:>18}: final {entry['final_mean']:.4f} ± {se}, peak {peak['reward']:.4f} "
               f"at iteration {peak['iteration']}")
     for pair, difference in result["differences"].items():
         low, high = difference["ci"]
-        print(f"{pair:>28}: {difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}]")
+        print(f"{pair:>28}: {difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}] over seeds {difference['seeds']}")
     return 0
 
 
