@@ -100,6 +100,20 @@ def test_quantize_dequantize_round_trip_equals_fake_quantize():
     assert torch.equal(dequantize_nvfp4(packed), fake_quantize_nvfp4(x))
 
 
+def test_fake_quantize_has_the_codes_path_bits_signed_zeros_included():
+    # The explorer's hot path takes shortcuts (one |x|, inf divisors for zero-scale blocks); it
+    # must still give every bit of dequantize(quantize(x)), or a run's ranking would change.
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(64, 1, generator=generator).exp() ** 12  # row scales over many decades
+    x = torch.randn(64, 100, generator=generator) * rows  # 100: a padded last block
+    x[0, :16] = 0.0  # an all-zero block
+    x[1, 16:32] = -1.0e-30  # negatives in a block whose scale is 0 in E4M3
+    x[2, 32:48] = torch.tensor([-0.0, 0.0] * 8)
+    reference, fast = dequantize_nvfp4(quantize_nvfp4(x)), fake_quantize_nvfp4(x)
+    assert (quantize_nvfp4(x).block_scales.float() == 0).sum() > 10
+    assert torch.equal(fast.view(torch.int32), reference.view(torch.int32))
+
+
 def test_already_quantized_values_survive_a_second_round_trip_unchanged():
     once = fake_quantize_nvfp4(gaussian(16, 128))
     assert torch.equal(fake_quantize_nvfp4(once), once)
