@@ -33,10 +33,9 @@ $(STAMP): pyproject.toml
 # make run's job: the preset's sol_rl with 48 prompts per iteration, 16 seeds explored per prompt and
 # the 4 most extreme kept (the family's 4:1), 32 optimizer steps per iteration, 25 iterations. This split
 # of the explorer's work learned the most held-out compliance of the settings tried on the former base
-# (reports/benchmarks/base_length/steps-4500/benchmarks/rl_gain.json); on the committed one 25
-# iterations took about 9 minutes on two cores at 2026-12-03's host speed (28 took 570-611 s:
-# reports/benchmarks/rl_gain.json) and 777 s on 2026-12-04, when the host ran the same work 1.53x
-# slower; the preset itself keeps the paper's shape
+# (reports/benchmarks/base_length/steps-4500/benchmarks/rl_gain.json). On the committed one it took
+# 604 s on 2026-12-05 (777 s on 2026-12-04 on a host as slow, before the NVFP4 emulation was made
+# cheaper; 481 s for 25 iterations on 2026-12-03's faster host); the preset itself keeps the paper's shape
 # (4 prompts x 96 seeds, 24 kept); the equal-budget study (params.yaml) runs 8 x 48 with 12 kept.
 MAKE_RUN_SETTINGS ?= -S prompts_per_iteration=48 -S pool=16 -S keep=4 -S train.steps_per_iteration=32 -S iterations=25
 
