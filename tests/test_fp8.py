@@ -67,6 +67,17 @@ def test_zero_tensor_gives_zeros_without_nan():
     assert torch.equal(fake_quantize_fp8(zeros), zeros)
 
 
+def test_dequantization_is_each_code_times_the_scale_for_every_e4m3_value():
+    # The CPU's table lookup must give the cast-and-multiply's bits, for every finite code and
+    # for both signs of zero, per-tensor and per-row.
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F].repeat(3, 1)
+    values = finite.view(torch.float8_e4m3fn)
+    for scale in (torch.tensor(0.37), torch.tensor([[0.37], [1.0e-3], [3.0]])):
+        expected = values.float() * scale
+        assert torch.equal(dequantize_fp8(values, scale).view(torch.int32), expected.view(torch.int32))
+
+
 def test_fake_quantize_relative_error_matches_three_mantissa_bits():
     # RNE with 3 mantissa bits: each value off by at most 2^-4 relative (normal range).
     x = gaussian(64, 64)

@@ -32,6 +32,8 @@ SCALED_MM_ALIGNMENT = 16
 # FP8 tensor cores arrived with Ada / Hopper (sm_89, sm_90); row-wise scales need sm_90.
 SCALED_MM_MIN_CAPABILITY = (8, 9)
 ROWWISE_MIN_CAPABILITY = (9, 0)
+# The fp32 value of every E4M3 bit pattern, indexed by the pattern (0x7F and 0xFF are NaN).
+_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 class FP8Tensor(NamedTuple):
@@ -60,7 +62,14 @@ def quantize_fp8(x: torch.Tensor, rowwise: bool = False) -> FP8Tensor:
 
 
 def dequantize_fp8(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x_fp8.float() * scale
+    """x_fp8 * scale in fp32. On a CPU with one scale per tensor, through a 256-entry table of each
+    E4M3 code's value times the scale: the same fp32 products, in about a quarter of the time of
+    the CPU's elementwise float8 -> float32 cast (the emulated explorer's largest cost there)."""
+    if x_fp8.is_cuda or scale.dim() > 0:
+        return x_fp8.float() * scale
+    scaled_table = _E4M3_VALUES.to(scale.device) * scale.float()
+    codes = x_fp8.view(torch.uint8).reshape(-1).int()
+    return scaled_table.index_select(0, codes).reshape(x_fp8.shape)
 
 
 def fake_quantize_fp8(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
