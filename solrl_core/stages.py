@@ -386,8 +386,7 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     steps = train.steps_per_iteration
     eta = old_policy_rate(iteration, train.eta_rate, train.eta_max)
     blend_adapters(state.policy.transformer, source=TRAINED, target=OLD, keep=eta)
-    decay = ema_decay(state.optimizer_steps, train.ema_max_decay)
-    blend_adapters(state.policy.transformer, source=TRAINED, target=EMA, keep=decay)
+    decay = ema_decay(state.optimizer_steps, train.ema_max_decay)  # the last step's (_optimizer_step blends)
     return UpdateReport(loss=totals["loss"] / steps, policy_loss=totals["policy"] / steps, kl_loss=totals["kl"] / steps,
                         grad_norm=totals["grad_norm"] / steps, optimizer_steps=state.optimizer_steps,
                         skipped_micro_batches=totals["skipped"], skipped_steps=totals["skipped_steps"],
@@ -460,6 +459,11 @@ def _optimizer_step(state: RunState, items: list[_TrainItem], total_items: int, 
         state.optimizer.step()
         state.optimizer_steps += 1
         _require_finite_weights(trainable)
+        # The evaluation EMA follows every optimizer step, as in the reference code: its decay
+        # min((1 + s) / (10 + s), 0.9) counts steps, so blending once per iteration would average
+        # ~10 iterations (hundreds of steps) and evaluate a policy that lags the trained one.
+        blend_adapters(policy.transformer, source=TRAINED, target=EMA,
+                       keep=ema_decay(state.optimizer_steps, train.ema_max_decay))
     state.optimizer.zero_grad(set_to_none=True)
     return {"loss": totals["loss"], "policy": totals["policy"], "kl": totals["kl"],
             "grad_norm": grad_norm if math.isfinite(grad_norm) else 0.0, "skipped": totals["skipped"],

@@ -205,6 +205,43 @@ def test_ema_decay_is_non_decreasing_and_capped():
     assert max(values) == pytest.approx(0.9)
 
 
+@pytest.mark.slow
+def test_the_evaluation_ema_follows_every_optimizer_step():
+    """As in the reference code, each AdamW step is followed by ema <- d(s) ema + (1 - d(s)) trained,
+    s the step count; blended once per iteration instead, the EMA would average ~10 iterations
+    and every evaluation would score a policy that lags the trained one."""
+    from solrl_core import stages
+    from solrl_core.models.adapters import EMA, TRAINED, adapter_parameters
+    from solrl_core.presets import resolve_config
+
+    config = resolve_config("shapes-tiny", "sol_rl", [
+        ("prompts_per_iteration", 2), ("pool", 8), ("keep", 4), ("explore.steps", 3), ("regenerate.steps", 4),
+        ("train.steps_per_iteration", 3), ("progress", False)])
+    state = stages.initial_state(config)
+    stages.quantize(state)
+    drafts = stages.explore(state, 0)
+    rollout = stages.regenerate(state, drafts, stages.rank(drafts, config.keep))
+    transformer = state.policy.transformer
+    expected = {key: value.detach().clone().double() for key, value in adapter_parameters(transformer, EMA).items()}
+    initial = dict(expected)
+    steps = []
+
+    def after_step(optimizer, args, kwargs):
+        steps.append(len(steps) + 1)
+        decay = ema_decay(steps[-1], config.train.ema_max_decay)
+        for key, trained in adapter_parameters(transformer, TRAINED).items():
+            expected[key] = decay * expected[key] + (1 - decay) * trained.detach().double()
+
+    state.optimizer.register_step_post_hook(after_step)
+    stages.update(state, rollout, 0)
+    assert steps == [1, 2, 3]
+    moved = max(float((value.detach().double() - initial[key]).abs().max()) for key, value in
+                adapter_parameters(transformer, TRAINED).items())
+    assert moved > 1e-5, "the trained weights must move for this test to say anything"
+    for key, ema in adapter_parameters(transformer, EMA).items():
+        torch.testing.assert_close(ema.double(), expected[key], rtol=1e-5, atol=1e-9)
+
+
 def test_train_defaults_match_spec():
     train = TrainConfig()
     assert (train.eta_rate, train.eta_max, train.ema_max_decay) == (0.001, 0.5, 0.9)
