@@ -150,11 +150,18 @@ def _scale_into_e2m1_range(
     return torch.where(nonzero, blocks / safe_scale, 0.0)
 
 
+def _scales_of_magnitudes(magnitude: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 block scales, FP32 tensor scale) from |blocks|; the tensor amax is the largest block
+    amax (padding zeros raise neither), so |x| is read once for both."""
+    block_amax = magnitude.amax(dim=-1)
+    tensor_scale = block_amax.amax() / (E4M3_MAX * E2M1_MAX)
+    return _block_scales_from_amax(block_amax, tensor_scale), tensor_scale
+
+
 def _scale_blocks(x: torch.Tensor):
     """The shared first half of quantization: (values in E2M1 range, block scales, tensor scale)."""
     blocks = _split_into_blocks(x)
-    tensor_scale = nvfp4_tensor_scale(x)
-    block_scales = _block_scales_e4m3(blocks, tensor_scale)
+    block_scales, tensor_scale = _scales_of_magnitudes(blocks.detach().abs())
     return _scale_into_e2m1_range(blocks, block_scales, tensor_scale), block_scales, tensor_scale
 
 
@@ -207,9 +214,8 @@ def fake_quantize_nvfp4(x: torch.Tensor) -> torch.Tensor:
     """
     blocks = _split_into_blocks(x)
     magnitude = blocks.abs()
-    block_amax = magnitude.amax(dim=-1)
-    tensor_scale = block_amax.amax() / (E4M3_MAX * E2M1_MAX)
-    block_scales = _block_scales_from_amax(block_amax, tensor_scale).float()
+    block_scales, tensor_scale = _scales_of_magnitudes(magnitude)
+    block_scales = block_scales.float()
     combined_scale = block_scales * tensor_scale
     zero_scale = combined_scale == 0
     magnitude.div_(torch.where(zero_scale, torch.inf, combined_scale).unsqueeze(-1)).clamp_(max=E2M1_MAX)
