@@ -317,16 +317,19 @@ def _rl_gain_section(report_dir: Path) -> str | None:
     reference = "; ".join(f"{r['preset']} / {r['family']}" for r in report["reference"])
     # Term changes are there when rl_gain.py ran with --terms (they need each run's images resampled).
     terms = any(entry.get("term_change_mean") for entry in report["settings"])
+    # A wide evaluation is there when rl_gain.py ran with --wide-eval (each run scored again on more prompts).
+    wide = next((row["wide"] for row in report["runs"] if row.get("wide")), None)
     lines = ["## What moves make run's held-out gain (`benchmarks/rl_gain*.json`)\n",
              f"Finished runs of make run's job ({reference}), each with the settings it changed against the preset "
              f"(read from the run's own summary.json by `benchmarks/rl_gain.py`); gain = final minus base held-out "
              f"{trained}, ± SE over seeds where there are several; peak = best evaluation during the run. "
              f"Goal (issue 10): gain ≥ +{goal['gain']:.2f} with the untrained "
              f"{', '.join(untrained)} falling by at most {goal['untrained_drop_at_most']:.2f}."
-             + (_terms_sentence(report) if terms else "") + "\n",
+             + (_terms_sentence(report) if terms else "") + (_wide_sentence(wide) if wide else "") + "\n",
              f"| settings changed | seeds | iterations | gain | peak gain | {' | '.join(untrained)} change | "
              + ("made of (term changes) | " if terms else "")
-             + "CPU s (threads) |", "|---|---|---|---|---|" + "---|" * (len(untrained) + bool(terms)) + "---|"]
+             + (f"on {wide['prompts']} held-out prompts, per seed | " if wide else "")
+             + "CPU s (threads) |", "|---|---|---|---|---|" + "---|" * (len(untrained) + bool(terms) + bool(wide)) + "---|"]
     by_run = {row["run"]: row for row in report["runs"]}
     for entry in report["settings"]:
         members = [by_run[run] for run in entry["runs"]]
@@ -336,8 +339,30 @@ def _rl_gain_section(report_dir: Path) -> str | None:
                      f"{entry['gain_mean']:+.4f}{se} | {entry['peak_gain_mean']:+.4f} | "
                      + " | ".join(f"{entry['untrained_change_mean'][name]:+.4f}" for name in untrained)
                      + (f" | {_term_changes(entry.get('term_change_mean'))}" if terms else "")
+                     + (f" | {_wide_changes(members, trained, untrained)}" if wide else "")
                      + f" | {seconds} |")
     return "\n".join(lines)
+
+
+def _wide_sentence(wide: dict) -> str:
+    return (f" A run's own evaluation is a few dozen images; the last columns score its base and final policy again "
+            f"on {wide['prompts']} held-out prompts ({wide['samples']} images, the run's own among them), ± SE over "
+            "prompts, with the trained reward's change on prompts of one object and of two.")
+
+
+def _wide_changes(members: list[dict], trained: str, untrained: list[str]) -> str:
+    cells = []
+    for member in members:
+        wide = member.get("wide")
+        if not wide:
+            cells.append("—")
+            continue
+        change = wide["change"]
+        strata = " / ".join(f"{c['mean']:+.3f} ({name})" for name, c in wide.get("change_by_stratum", {}).items())
+        cells.append(f"{change[trained]['mean']:+.4f} ± {change[trained]['se']:.4f}"
+                     + "".join(f", {name} {change[name]['mean']:+.4f}" for name in untrained)
+                     + (f"; {strata}" if strata else ""))
+    return "<br>".join(cells)
 
 
 def _teacher_section(report_dir: Path) -> str | None:

@@ -244,3 +244,68 @@ def test_terms_sample_a_shared_base_once_and_still_check_every_record(real_run, 
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "twin" in error and "base" in error
     assert not out.exists()
+
+
+def test_a_wide_evaluation_contains_the_run_s_own_and_pairs_base_with_final(real_run, tmp_path):
+    summary = json.loads((real_run / "summary.json").read_text())
+    base, final = summary["evaluations"][0], summary["evaluations"][-1]
+    out = tmp_path / "rl_gain.json"
+    # The run's own 4 prompts: the wide evaluation is its record, resampled.
+    assert main([str(real_run), "--wide-eval", "4", "--out", str(out)]) == 0
+    own = json.loads(out.read_text())["runs"][0]["wide"]
+    assert own["samples"] == 8
+    assert own["change"]["shapes-compliance"]["mean"] == pytest.approx(
+        final["shapes-compliance"] - base["shapes-compliance"], abs=2e-3)
+    assert own["change"]["shapes-aesthetic"]["mean"] == pytest.approx(
+        final["shapes-aesthetic"] - base["shapes-aesthetic"], abs=2e-3)
+    # Twelve prompts: three times the images, the change split by how many objects a prompt asks for.
+    assert main([str(real_run), "--wide-eval", "12", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    wide = report["runs"][0]["wide"]
+    assert wide["prompts"] == 12 and wide["samples"] == 24
+    change, strata = wide["change"]["shapes-compliance"], wide["change_by_stratum"]
+    assert sum(s["prompts"] for s in strata.values()) == 12 and set(strata) <= {"1 object", "2 objects"}
+    assert sum(s["prompts"] * s["mean"] for s in strata.values()) / 12 == pytest.approx(change["mean"])
+    assert change["mean"] == pytest.approx(wide["final"]["shapes-compliance"] - wide["base"]["shapes-compliance"])
+    assert change["se"] > 0
+    assert report["settings"][0]["wide_gain"] == {"mean": pytest.approx(change["mean"]), "se": None}
+
+
+def test_a_wide_evaluation_refuses_a_record_it_does_not_contain(real_run, tmp_path, capsys):
+    import shutil
+
+    altered = tmp_path / "altered"
+    shutil.copytree(real_run, altered)
+    summary = json.loads((altered / "summary.json").read_text())
+    summary["evaluations"][0]["shapes-compliance"] += 0.05  # a base of other images than these
+    (altered / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "rl_gain.json"
+    assert main([str(altered), "--wide-eval", "8", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "wide set" in error and "base" in error
+    # Fewer prompts than the run was scored on cannot contain its record.
+    assert main([str(real_run), "--wide-eval", "2", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "at least" in error
+    assert not out.exists()
+    with pytest.raises(SystemExit) as stopped:
+        main([str(real_run), "--wide-eval", "zero", "--out", str(out)])
+    assert stopped.value.code == 2 and "whole number" in capsys.readouterr().err
+
+
+def test_the_reports_page_shows_each_seed_s_wide_gain_beside_its_own(real_run, tmp_path):
+    import shutil
+
+    from solrl_core.report_readme import write_readme
+
+    (tmp_path / "benchmarks").mkdir()
+    run = tmp_path / "runs" / "wide"
+    shutil.copytree(real_run, run)
+    out = tmp_path / "benchmarks" / "rl_gain.json"
+    assert main([str(run), "--wide-eval", "8", "--out", str(out)]) == 0
+    wide = json.loads(out.read_text())["runs"][0]["wide"]
+    page = write_readme(tmp_path).read_text(encoding="utf-8")
+    assert "on 8 held-out prompts, per seed" in page and "16 images" in page
+    row = next(line for line in page.splitlines() if "keep=4" in line and "pool=8" in line)
+    change = wide["change"]["shapes-compliance"]
+    assert f"{change['mean']:+.4f} ± {change['se']:.4f}" in row.split(" | ")[-2]
