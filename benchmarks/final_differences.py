@@ -13,6 +13,16 @@ name), so a pair reads the same here as it would in one report holding both fami
         --out reports/benchmarks/study_shape/adv-mode/differences.json
 
 A family named in two reports must hold the same budget and per-seed finals in both, or it stops.
+
+``--wide RL_GAIN_JSON`` compares the same runs' finals on a wider held-out set instead: each run's
+final policy scored on the prompts of ``benchmarks/rl_gain.py --wide-eval N`` (run over every run
+folder the pairs name, matched by folder). A report's curve is scored on its few dozen evaluation
+images, and families evaluated on the same images share their luck, but not how each family's
+policy happens to suit those prompts.
+
+    .venv/bin/python benchmarks/rl_gain.py runs/study/runs/*/seed-* --wide-eval 128 --out wide.json
+    .venv/bin/python benchmarks/final_differences.py reports/compare.json --wide wide.json \
+        --pair sol_rl:diffusionnft --out differences-wide.json
 """
 
 from __future__ import annotations
@@ -42,6 +52,28 @@ def family_finals(reports: list[dict]) -> dict[str, dict]:
     return families
 
 
+def wide_finals(families: dict[str, dict], reports: list[dict], wide_report: dict) -> dict[str, dict]:
+    """``families`` with each run's final replaced by its final on the wide evaluation (module doc)."""
+    rows = [row for row in wide_report["runs"] if row.get("wide")]
+    if not rows:
+        raise SystemExit("final_differences: the --wide report holds no wide evaluation; run rl_gain.py with --wide-eval")
+    folders = {name: [run["run_dir"] for run in family["runs"]]
+               for report in reports for name, family in report["families"].items()}
+    widened = {}
+    for name, entry in families.items():
+        finals = []
+        for folder in folders[name]:
+            match = [row for row in rows if Path(row["run"]).as_posix().endswith("/" + Path(folder).as_posix())
+                     or Path(row["run"]).as_posix() == Path(folder).as_posix()]
+            if len(match) != 1:
+                raise SystemExit(f"final_differences: the --wide report holds {len(match)} runs of {name}'s {folder}; "
+                                 "give rl_gain.py each run folder once")
+            wide = match[0]["wide"]
+            finals.append(wide["final"][match[0]["trained_reward"]])
+        widened[name] = {**entry, "finals": finals, "wide_prompts": rows[0]["wide"]["prompts"]}
+    return widened
+
+
 def _peak(family: dict) -> dict:
     """The highest evaluation of the family's curve (the mean over seeds at each evaluation)."""
     best = max(family["curve"], key=lambda point: point["reward"])
@@ -64,14 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="compare.json files")
     parser.add_argument("--pair", action="append", required=True, help="A:B, for the final of A minus that of B")
+    parser.add_argument("--wide", type=Path, help="benchmarks/rl_gain.py --wide-eval output over the runs (module doc)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     pairs = [tuple(text.split(":", 1)) for text in args.pair]
     if any(len(pair) != 2 for pair in pairs):
         raise SystemExit("final_differences: give each --pair as A:B")
-    families = family_finals([json.loads(path.read_text()) for path in args.reports])
+    reports = [json.loads(path.read_text()) for path in args.reports]
+    families = family_finals(reports)
     named = sorted({name for pair in pairs for name in pair})
-    result = {"reports": [str(path) for path in args.reports],
+    if args.wide is not None:
+        families = wide_finals({name: families[name] for name in named if name in families}, reports,
+                               json.loads(args.wide.read_text()))
+    result = {"reports": [str(path) for path in args.reports], "wide": None if args.wide is None else str(args.wide),
               "families": {name: {**families.get(name, {}), **_mean(families.get(name))} for name in named},
               "differences": differences(families, pairs)}
     write_json(args.out, result)
@@ -79,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         entry = result["families"][name]
         peak = entry["peak_of_mean_curve"]
         se = "n/a (one seed)" if entry["final_se"] is None else f"{entry['final_se']:.4f}"
-        print(f"{name:>18}: final {entry['final_mean']:.4f} ± {se}, peak {peak['reward']:.4f} "
+        where = f" on {entry['wide_prompts']} held-out prompts" if "wide_prompts" in entry else ""
+        print(f"{name:>18}: final{where} {entry['final_mean']:.4f} ± {se}, peak of its curve {peak['reward']:.4f} "
               f"at iteration {peak['iteration']}")
     for pair, difference in result["differences"].items():
         low, high = difference["ci"]

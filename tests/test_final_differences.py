@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.final_differences import differences, family_finals  # noqa: E402
+from benchmarks.final_differences import differences, family_finals, wide_finals  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = json.loads((ROOT / "reports" / "compare.json").read_text())
@@ -46,3 +46,33 @@ def test_pairs_of_different_budgets_or_unknown_families_stop():
         differences(families, [("sol_rl", "diffusionnft")])
     with pytest.raises(SystemExit, match="no report holds nope"):
         differences(families, [("nope", "sol_rl")])
+
+
+def _wide_report(report: dict, final_of) -> dict:
+    """An rl_gain.py --wide-eval report over a study's run folders (under runs/study/), each run's
+    wide final given by ``final_of(name, seed)``."""
+    rows = [{"run": f"runs/study/{run['run_dir']}", "trained_reward": "shapes-compliance",
+             "wide": {"prompts": 128, "final": {"shapes-compliance": final_of(name, run["seed"])}}}
+            for name, family in report["families"].items() for run in family["runs"]]
+    return {"runs": rows}
+
+
+def test_wide_finals_replace_each_run_s_final_by_its_own_folder_s():
+    names = ["sol_rl", "diffusionnft"]
+    families = family_finals([STUDY])
+    wide = _wide_report(STUDY, lambda name, seed: 0.3 + 0.01 * seed + (0.05 if name == "sol_rl" else 0.0))
+    widened = wide_finals({name: families[name] for name in names}, [STUDY], wide)
+    for name in names:
+        seeds = families[name]["seeds"]
+        assert widened[name]["finals"] == pytest.approx([0.3 + 0.01 * s + (0.05 if name == "sol_rl" else 0.0)
+                                                         for s in seeds])
+        assert widened[name]["wide_prompts"] == 128
+    result = differences(widened, [("sol_rl", "diffusionnft")])["sol_rl - diffusionnft"]
+    assert result["mean"] == pytest.approx(0.05)
+    # A run folder the wide report lacks, or holds twice, stops: a difference must pair every seed.
+    short = {"runs": wide["runs"][1:]}
+    with pytest.raises(SystemExit, match="holds 0 runs"):
+        wide_finals({name: families[name] for name in names}, [STUDY], short)
+    twice = {"runs": wide["runs"] + wide["runs"][:1]}
+    with pytest.raises(SystemExit, match="holds 2 runs"):
+        wide_finals({name: families[name] for name in names}, [STUDY], twice)
