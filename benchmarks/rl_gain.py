@@ -176,28 +176,18 @@ def compliance_terms_of_run(folder: Path, summary: dict,
         return None
     if not (folder / "lora.safetensors").is_file():
         raise BadRun(f"{folder}: no lora.safetensors, so its final images cannot be resampled; leave out --terms")
-    from solrl_core import stages
-    from solrl_core.models.adapters import EMA
     from solrl_core.world.rewards import compliance_terms
 
     state = _resampling_state(summary)
     prompts = [p for p in state.eval_prompts for _ in range(state.config.eval.seeds_per_prompt)]
-    evaluations = summary["evaluations"]
-    base_terms = {} if base_terms is None else base_terms
-    key = base_images_key(summary["config"])
-    sides = {}
-    for side, adapter, recorded in (("base", None, evaluations[0]), ("final", EMA, evaluations[-1])):
-        if side == "base" and key in base_terms:
-            sides[side] = base_terms[key]
-        else:
-            if adapter is not None:
-                _load_final_adapters(folder, state, "--terms")
-            _, images = stages.evaluate(state, adapter)
-            sides[side] = {name: float(values.mean()) for name, values in compliance_terms(images, prompts).items()}
+    sides = _resampled_sides(folder, state, {} if base_terms is None else base_terms,
+                             base_images_key(summary["config"]), "--terms",
+                             lambda images: {name: float(values.mean())
+                                             for name, values in compliance_terms(images, prompts).items()})
+    for side, recorded in zip(sides, (summary["evaluations"][0], summary["evaluations"][-1])):
         if abs(sides[side]["compliance"] - recorded[trained]) > RESAMPLE_TOLERANCE:
             raise BadRun(f"{folder}: its {side} images resampled score {trained} {sides[side]['compliance']:.4f}, "
                          f"the run recorded {recorded[trained]:.4f}; it was made by other code or another base model")
-    base_terms[key] = sides["base"]
     return {name: {"base": sides["base"][name], "final": sides["final"][name]}
             for name in ("compliance", *TERMS_OF[trained])}
 
@@ -229,6 +219,27 @@ def _load_final_adapters(folder: Path, state, option: str) -> None:
     load_adapter_state(state.policy.transformer, load_file(str(adapters)))
 
 
+def _resampled_sides(folder: Path, state, base_cache: dict, key: str, option: str, measure) -> dict:
+    """{"base", "final"}: ``measure`` of the images of the run's base model and of its final EMA
+    adapter on ``state``'s evaluation. Runs that share a base model and evaluation (``key``) share
+    the base side through ``base_cache``, so it is sampled once; each caller still checks it
+    against its own run's record."""
+    from solrl_core import stages
+    from solrl_core.models.adapters import EMA
+
+    sides = {}
+    for side, adapter in (("base", None), ("final", EMA)):
+        if side == "base" and key in base_cache:
+            sides[side] = base_cache[key]
+            continue
+        if adapter is not None:
+            _load_final_adapters(folder, state, option)
+        _, images = stages.evaluate(state, adapter)
+        sides[side] = measure(images)
+    base_cache[key] = sides["base"]
+    return sides
+
+
 def wide_evaluation_of_run(folder: Path, summary: dict, prompts: int,
                            base_scores: dict[str, dict] | None = None) -> dict:
     """The run's gain on ``prompts`` held-out prompts (module doc): {"prompts", "samples", "base",
@@ -236,9 +247,6 @@ def wide_evaluation_of_run(folder: Path, summary: dict, prompts: int,
 
     ``base_scores`` carries the base model's per-image rewards between runs that share them
     (``base_images_key`` of the widened config)."""
-    from solrl_core import stages
-    from solrl_core.models.adapters import EMA
-
     config = summary["config"]
     trained = list(config["rewards"])[0]
     recorded_samples = config["eval"]["prompts"] * config["eval"]["seeds_per_prompt"]
@@ -248,23 +256,14 @@ def wide_evaluation_of_run(folder: Path, summary: dict, prompts: int,
     state = _resampling_state(summary, prompts)
     names = list(dict.fromkeys([trained, *config["eval"]["rewards"]]))
     prompt_list = [p for p in state.eval_prompts for _ in range(state.config.eval.seeds_per_prompt)]
-    base_scores = {} if base_scores is None else base_scores
-    key = base_images_key(to_dict(state.config))
-    scores = {}
-    for side, adapter, recorded in (("base", None, summary["evaluations"][0]),
-                                    ("final", EMA, summary["evaluations"][-1])):
-        if side == "base" and key in base_scores:
-            scores[side] = base_scores[key]
-        else:
-            if adapter is not None:
-                _load_final_adapters(folder, state, "--wide-eval")
-            _, images = stages.evaluate(state, adapter)
-            scores[side] = state.rewards.score(images, prompt_list, names).per_reward
+    scores = _resampled_sides(folder, state, {} if base_scores is None else base_scores,
+                              base_images_key(to_dict(state.config)), "--wide-eval",
+                              lambda images: state.rewards.score(images, prompt_list, names).per_reward)
+    for side, recorded in zip(scores, (summary["evaluations"][0], summary["evaluations"][-1])):
         own = float(scores[side][trained][:recorded_samples].double().mean())
         if abs(own - recorded[trained]) > RESAMPLE_TOLERANCE:
             raise BadRun(f"{folder}: its {side} evaluation resampled within the wide set scores {trained} {own:.4f}, "
                          f"the run recorded {recorded[trained]:.4f}; it was made by other code or another base model")
-    base_scores[key] = scores["base"]
     per_prompt = state.config.eval.seeds_per_prompt
     change = {}
     for name in names:
