@@ -174,14 +174,13 @@ def compliance_terms_of_run(folder: Path, summary: dict,
     trained = list(summary["config"]["rewards"])[0]
     if trained not in TERMS_OF:
         return None
-    if not (folder / "lora.safetensors").is_file():
-        raise BadRun(f"{folder}: no lora.safetensors, so its final images cannot be resampled; leave out --terms")
+    adapters = _final_adapters(folder, "--terms")
     from solrl_core.world.rewards import compliance_terms
 
     state = _resampling_state(summary)
     prompts = [p for p in state.eval_prompts for _ in range(state.config.eval.seeds_per_prompt)]
-    sides = _resampled_sides(folder, state, {} if base_terms is None else base_terms,
-                             base_images_key(summary["config"]), "--terms",
+    sides = _resampled_sides(adapters, state, {} if base_terms is None else base_terms,
+                             base_images_key(summary["config"]),
                              lambda images: {name: float(values.mean())
                                              for name, values in compliance_terms(images, prompts).items()})
     for side, recorded in zip(sides, (summary["evaluations"][0], summary["evaluations"][-1])):
@@ -208,24 +207,23 @@ def _resampling_state(summary: dict, eval_prompts: int | None = None):
         raise BadRun(f"cannot evaluate on {config.eval.prompts} held-out prompts: {error}") from None
 
 
-def _load_final_adapters(folder: Path, state, option: str) -> None:
+def _final_adapters(folder: Path, option: str) -> Path:
+    """The run's saved adapters (its final EMA among them), checked before any image is sampled."""
     adapters = folder / "lora.safetensors"
     if not adapters.is_file():
         raise BadRun(f"{folder}: no lora.safetensors, so its final images cannot be resampled; leave out {option}")
-    from safetensors.torch import load_file
-
-    from solrl_core.models.adapters import load_adapter_state
-
-    load_adapter_state(state.policy.transformer, load_file(str(adapters)))
+    return adapters
 
 
-def _resampled_sides(folder: Path, state, base_cache: dict, key: str, option: str, measure) -> dict:
+def _resampled_sides(adapters: Path, state, base_cache: dict, key: str, measure) -> dict:
     """{"base", "final"}: ``measure`` of the images of the run's base model and of its final EMA
     adapter on ``state``'s evaluation. Runs that share a base model and evaluation (``key``) share
     the base side through ``base_cache``, so it is sampled once; each caller still checks it
     against its own run's record."""
+    from safetensors.torch import load_file
+
     from solrl_core import stages
-    from solrl_core.models.adapters import EMA
+    from solrl_core.models.adapters import EMA, load_adapter_state
 
     sides = {}
     for side, adapter in (("base", None), ("final", EMA)):
@@ -233,7 +231,7 @@ def _resampled_sides(folder: Path, state, base_cache: dict, key: str, option: st
             sides[side] = base_cache[key]
             continue
         if adapter is not None:
-            _load_final_adapters(folder, state, option)
+            load_adapter_state(state.policy.transformer, load_file(str(adapters)))
         _, images = stages.evaluate(state, adapter)
         sides[side] = measure(images)
     base_cache[key] = sides["base"]
@@ -253,24 +251,23 @@ def wide_evaluation_of_run(folder: Path, summary: dict, prompts: int,
     if prompts < config["eval"]["prompts"]:
         raise BadRun(f"--wide-eval {prompts} is fewer held-out prompts than {folder} was evaluated on "
                      f"({config['eval']['prompts']}); give at least that many")
+    adapters = _final_adapters(folder, "--wide-eval")
     state = _resampling_state(summary, prompts)
     names = list(dict.fromkeys([trained, *config["eval"]["rewards"]]))
     prompt_list = [p for p in state.eval_prompts for _ in range(state.config.eval.seeds_per_prompt)]
-    scores = _resampled_sides(folder, state, {} if base_scores is None else base_scores,
-                              base_images_key(to_dict(state.config)), "--wide-eval",
+    scores = _resampled_sides(adapters, state, {} if base_scores is None else base_scores,
+                              base_images_key(to_dict(state.config)),
                               lambda images: state.rewards.score(images, prompt_list, names).per_reward)
     for side, recorded in zip(scores, (summary["evaluations"][0], summary["evaluations"][-1])):
         own = float(scores[side][trained][:recorded_samples].double().mean())
         if abs(own - recorded[trained]) > RESAMPLE_TOLERANCE:
             raise BadRun(f"{folder}: its {side} evaluation resampled within the wide set scores {trained} {own:.4f}, "
                          f"the run recorded {recorded[trained]:.4f}; it was made by other code or another base model")
-    per_prompt = state.config.eval.seeds_per_prompt
     change = {}
     for name in names:
-        difference = (scores["final"][name] - scores["base"][name]).double().reshape(prompts, per_prompt).mean(1)
-        mean, se = mean_se(difference.tolist())
+        mean, se = mean_se(per_prompt_means(scores["final"][name] - scores["base"][name], prompts))
         change[name] = {"mean": mean, "se": se}
-    wide = {"prompts": prompts, "samples": prompts * per_prompt,
+    wide = {"prompts": prompts, "samples": prompts * state.config.eval.seeds_per_prompt,
             "base": {name: float(scores["base"][name].double().mean()) for name in names},
             "final": {name: float(scores["final"][name].double().mean()) for name in names},
             "change": change}
@@ -280,10 +277,15 @@ def wide_evaluation_of_run(folder: Path, summary: dict, prompts: int,
     return wide
 
 
+def per_prompt_means(differences, prompts: int) -> list[float]:
+    """Per-image values (prompt-major, as evaluated: each prompt's seeds together) averaged per prompt."""
+    return differences.double().reshape(prompts, -1).mean(1).tolist()
+
+
 def change_by_stratum(differences, prompts: list[str], stratum_of) -> dict[str, dict]:
     """Per-image final-minus-base differences (prompt-major, as evaluated) grouped by each prompt's
     stratum: {stratum: {"prompts", "mean", "se"}}, standard errors over that stratum's prompts."""
-    per_prompt = differences.double().reshape(len(prompts), -1).mean(1).tolist()
+    per_prompt = per_prompt_means(differences, len(prompts))
     groups: dict[str, list[float]] = {}
     for prompt, difference in zip(prompts, per_prompt):
         groups.setdefault(stratum_of(prompt), []).append(difference)

@@ -347,7 +347,8 @@ def _rl_gain_section(report_dir: Path) -> str | None:
 def _wide_sentence(wide: dict) -> str:
     return (f" A run's own evaluation is a few dozen images; the last columns score its base and final policy again "
             f"on {wide['prompts']} held-out prompts ({wide['samples']} images, the run's own among them), ± SE over "
-            "prompts, with the trained reward's change on prompts of one object and of two.")
+            "prompts" + (", with the trained reward's change on each kind of prompt (its strata)."
+                         if wide.get("change_by_stratum") else "."))
 
 
 def _wide_changes(members: list[dict], trained: str, untrained: list[str]) -> str:
