@@ -244,7 +244,7 @@ def check_iteration(arch_kwargs: dict, overrides: list[tuple[str, object]]) -> d
 
     report["quantize"] = {k: v for k, v in stage("quantize", stages.quantize, state).items() if k != "seconds"}
     drafts = stage("explore", stages.explore, state, 0)
-    selection = stage("rank", stages.rank, drafts, config.keep)
+    selection = stage("rank", stages.rank, drafts, config)
     rollout = stage("regenerate", stages.regenerate, state, drafts, selection)
     update = stage("update", stages.update, state, rollout, 0)
     stage("requantize", stages.requantize, state)

@@ -45,6 +45,8 @@ from solrl_core.training import RunObserver, run_training
 BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
 # Beyond the paper: reported beside sol_rl (its speed-up with its interval, and its difference to it).
 ADAPTIVE = "sol_rl_adaptive"
+# naive_scaling's control: its pool and cost, K kept at random (what keeping the extremes adds).
+RANDOM_POOL = "random_pool"
 GAIN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 # The base model's and the latest evaluation's images, rewritten at every evaluation: a run resumed
 # from its checkpoint does not evaluate the base again, and the sample grid still needs them.
@@ -442,7 +444,8 @@ def profile_basis(device: str, utilization: float) -> str:
 
 # Final-reward differences reported with their bootstrap interval (where both variants ran).
 DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDATE, "naive_scaling"),
-                    (ADAPTIVE, CANDIDATE), (ADAPTIVE, BASELINE))
+                    (ADAPTIVE, CANDIDATE), (ADAPTIVE, BASELINE), ("naive_scaling", RANDOM_POOL),
+                    (RANDOM_POOL, BASELINE))
 
 
 def variant_pairs(families: dict[str, str]) -> list[tuple[str, str]]:
@@ -570,7 +573,7 @@ def final_reward_spread(results: dict, config: Config) -> dict:
                                     for run in seed_runs(result)]).mean(0)
                  for name, result in results.items()}
     pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE),
-             (ADAPTIVE, CANDIDATE), *variant_pairs(_trained_families(results))]
+             (ADAPTIVE, CANDIDATE), ("naive_scaling", RANDOM_POOL), *variant_pairs(_trained_families(results))]
     return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
             "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b])
                                    for a, b in pairs if a in per_image and b in per_image}}

@@ -164,10 +164,13 @@ class TrainConfig:
     adv_mode: str = "all"
     kl_weight: float = 1e-4
     timestep_fraction: float = 0.6
-    # Optimizer steps per iteration (the paper: one); the kept samples are split evenly.
+    # Optimizer steps per iteration (the paper and the reference code: one, accumulating over every
+    # kept sample). With more, each step trains on a seeded random share of the kept samples, never
+    # one chosen by reward (solrl_core.dealing); the embedded world's preset takes 8 (presets.py).
     steps_per_iteration: int = 1
     micro_batch: int = 32
-    # Old-policy soft update: eta = min(eta_rate * iteration, eta_max).
+    # Old-policy soft update once an iteration: eta = min(eta_rate * optimizer steps so far, eta_max),
+    # counted in steps as the reference's return_decay(global_step).
     eta_rate: float = 0.001
     eta_max: float = 0.5
     ema_max_decay: float = 0.9
@@ -216,6 +219,9 @@ class Config:
     iterations: int = 10
     pool: int = 96
     keep: int = 24
+    # How the rank stage keeps K of each group's N seeds: "extremes" (the K/2 best and K/2 worst)
+    # or "random" (K at random, the random_pool control; solrl_core.selection.KEEP_RULES).
+    selection: str = "extremes"
     prompts_per_iteration: int = 48
     # Reward name -> weight; the weighted sum ranks seeds and forms advantages.
     rewards: dict[str, float] = field(default_factory=lambda: {"shapes-compliance": 1.0})

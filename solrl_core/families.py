@@ -28,6 +28,11 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
            "the baseline: 24 full-precision samples per prompt, all trained on"),
     Family("naive_scaling", {"pool": 96, "keep": 24, "explore": {"backend": "none"}, "regenerate": {"enabled": False}},
            "96 full-precision samples per prompt, the 24 most extreme trained on"),
+    # The control of naive_scaling: the same full-precision pool, so the same cost, but K kept at
+    # random; against it naive_scaling measures what keeping the extremes adds to exploring more.
+    Family("random_pool", {"pool": 96, "keep": 24, "selection": "random", "explore": {"backend": "none"},
+                           "regenerate": {"enabled": False}},
+           "96 full-precision samples per prompt, 24 of them drawn at random trained on (the control of naive_scaling)"),
     Family("naive_quant", {"pool": 96, "keep": 24, "regenerate": {"enabled": False}},
            "96 quantized samples per prompt, the 24 most extreme trained on as they are"),
     Family("sol_rl", {"pool": 96, "keep": 24, "regenerate": {"enabled": True}},

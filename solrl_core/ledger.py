@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import math
@@ -27,9 +28,10 @@ RUN_OUTPUTS = (LEDGER_FILE, METRICS_FILE, SUMMARY_FILE, LORA_FILE)
 def ledger_frame(iteration: int, prompts: list[str], prompt_ids: list[int], seeds: torch.Tensor,
                  explore_scores: dict[str, torch.Tensor], explore_combined: torch.Tensor, selection: torch.Tensor,
                  fp_scores: dict[str, torch.Tensor] | None, fp_combined: torch.Tensor | None,
-                 advantages: torch.Tensor) -> pl.DataFrame:
+                 advantages: torch.Tensor, update_steps: torch.Tensor | None = None) -> pl.DataFrame:
     """Rows for one iteration: every seed of every group; kept seeds carry full-precision rewards
-    (when they have them) and their advantage, the rest nulls."""
+    (when they have them), their advantage and the optimizer step of the iteration they trained in
+    (``update_step``, 0-based; null for a seed not kept or not trained on), the rest nulls."""
     groups, pool = seeds.shape
     selected = torch.zeros(groups, pool, dtype=torch.bool)
     selected.scatter_(1, selection, True)
@@ -47,22 +49,37 @@ def ledger_frame(iteration: int, prompts: list[str], prompt_ids: list[int], seed
     for name in explore_scores:
         columns[f"fp_{name}"] = _scatter_kept(fp_scores.get(name) if fp_scores else None, selection, pool)
     columns["advantage"] = _scatter_kept(advantages, selection, pool)
+    columns["update_step"] = _scatter_kept(update_steps, selection, pool, _step_or_null)
     float_columns = [name for name in columns if name.startswith(("explore_", "fp_")) or name == "advantage"]
-    schema = {**{name: pl.Float64 for name in float_columns}, "iteration": pl.Int32, "prompt_id": pl.Int32, "prompt": pl.String, "seed": pl.Int64, "selected": pl.Boolean}
+    schema = {**{name: pl.Float64 for name in float_columns}, "iteration": pl.Int32, "prompt_id": pl.Int32, "prompt": pl.String, "seed": pl.Int64, "selected": pl.Boolean,
+              "update_step": pl.Int32}
     return pl.DataFrame(columns, schema_overrides=schema)
 
 
-def _scatter_kept(values: torch.Tensor | None, selection: torch.Tensor, pool: int) -> list[float | None]:
+def _scatter_kept(values: torch.Tensor | None, selection: torch.Tensor, pool: int,
+                  convert: Callable[[Any], Any] | None = None) -> list:
+    """A column of every seed's row: the kept seeds' ``values`` ([P, K], in selection order)
+    through ``convert`` (a finite float or null by default), nulls elsewhere."""
+    convert = convert or _finite_float
     groups = selection.shape[0]
-    rows: list[float | None] = [None] * (groups * pool)
-    if values is None:
+    rows: list = [None] * (groups * pool)
+    if values is None or values.numel() == 0:
         return rows
     kept = values.reshape(groups, -1)
     for g in range(groups):
         for k, index in enumerate(selection[g].tolist()):
-            value = float(kept[g, k])
-            rows[g * pool + index] = value if math.isfinite(value) else None
+            rows[g * pool + index] = convert(kept[g, k])
     return rows
+
+
+def _finite_float(value: torch.Tensor) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _step_or_null(value: torch.Tensor) -> int | None:
+    step = int(value)
+    return step if step >= 0 else None  # -1: kept but trained in no step (its reward was not finite)
 
 
 def _finite_or_null(values: list[float]) -> list[float | None]:

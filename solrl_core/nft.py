@@ -78,9 +78,11 @@ def _normalised_x0_error(predicted: torch.Tensor, clean: torch.Tensor, dims: tup
     return ((predicted - clean) ** 2 / normaliser).mean(dim=dims)
 
 
-def old_policy_rate(iteration: int, rate: float, maximum: float) -> float:
-    """eta in theta_old <- eta * theta_old + (1 - eta) * theta; 0 at first, so old == trained."""
-    return min(rate * iteration, maximum)
+def old_policy_rate(optimizer_steps: int, rate: float, maximum: float) -> float:
+    """eta in theta_old <- eta * theta_old + (1 - eta) * theta, applied once an iteration after its
+    optimizer steps; ``optimizer_steps`` counts every step so far (the reference's
+    return_decay(global_step)). 0 before any step, so old == trained."""
+    return min(rate * optimizer_steps, maximum)
 
 
 def ema_decay(step: int, maximum: float) -> float:

@@ -1,10 +1,31 @@
-"""Best/worst-of-N selection per prompt group, and rank-fidelity metrics between two scorings."""
+"""Which seeds of each prompt group are kept (the K most extreme, or K at random for the
+random_pool control), and rank-fidelity metrics between two scorings."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from solrl_core.seeds import derive_seed
+
+# config.selection: how the rank stage keeps K of each group's N seeds. "extremes" keeps the K/2
+# best and K/2 worst (every family of the paper); "random" keeps K drawn at random, whatever their
+# rewards (the random_pool control: naive_scaling's cost without its selection).
+KEEP_RULES = ("extremes", "random")
+
+
+def select_random(groups: int, pool: int, keep: int, run_seed: int, iteration: int, first_group: int = 0) -> torch.Tensor:
+    """Indices [P, keep] of ``keep`` seeds drawn uniformly without replacement from each group's
+    pool, in seed order. Each group's draw is keyed by its global index (``first_group`` + g), so
+    it never depends on which rank holds the group."""
+    if keep > pool:
+        raise ValueError(f"keep ({keep}) must be <= pool ({pool})")
+    rows = []
+    for group in range(groups):
+        generator = torch.Generator().manual_seed(derive_seed(run_seed, "random-keep", iteration, first_group + group))
+        rows.append(torch.randperm(pool, generator=generator)[:keep].sort().values)
+    return torch.stack(rows) if rows else torch.empty(0, keep, dtype=torch.long)
 
 
 def select_extremes(rewards: torch.Tensor, keep: int) -> torch.Tensor:

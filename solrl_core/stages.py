@@ -27,7 +27,8 @@ from solrl_core.quant.explorer import Explorer, build_explorer
 from solrl_core.rewards.registry import RewardFailure, RewardScores, RewardSet, finite_mean
 from solrl_core.sampling import sample, sigma_grid
 from solrl_core.seeds import batch_noise, derive_seed, draw_seeds, noise_from_seed
-from solrl_core.selection import select_extremes, spearman
+from solrl_core.dealing import deal_to_steps
+from solrl_core.selection import select_extremes, select_random, spearman
 from solrl_core.prompts import evaluation_prompts, training_prompts
 
 EVAL_SEED = 20260406  # evaluation seeds are fixed across runs so every run sees the same noises
@@ -105,6 +106,9 @@ class UpdateReport:
     ema_decay: float
     advantages: torch.Tensor = field(repr=False)  # [P, K]; NaN where the sample's reward was not finite
     unscored_samples: int = 0  # trained-on samples left out because their reward was not finite
+    # [P, K] the optimizer step (0-based, within the iteration) each kept sample trained in;
+    # -1 where it trained in none (its reward was not finite). Empty when not recorded.
+    update_steps: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long), repr=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,9 +246,13 @@ def explore_adaptively(state: RunState, flat_prompts: list[str], seeds: list[int
     return RewardScores(per_reward=per_reward, combined=combined), sigma_grid(steps, config.sampler.shift), counts
 
 
-def rank(drafts: Drafts, keep: int) -> torch.Tensor:
-    """[P, K] indices into each group's pool: the K/2 best and K/2 worst drafts."""
-    return select_extremes(drafts.combined(), keep)
+def rank(drafts: Drafts, config: Config) -> torch.Tensor:
+    """[P, K] indices into each group's pool: the K/2 best and K/2 worst drafts, or (selection
+    "random", the random_pool control) K drafts drawn at random whatever their rewards."""
+    if config.selection == "random":
+        groups, pool = drafts.seeds.shape
+        return select_random(groups, pool, config.keep, config.seed, drafts.iteration, drafts.first_slot)
+    return select_extremes(drafts.combined(), config.keep)
 
 
 def regenerate(state: RunState, drafts: Drafts, selection: torch.Tensor) -> Rollout:
@@ -273,9 +281,9 @@ def whole_iteration(drafts: Drafts, selection: torch.Tensor, rollout: Rollout, r
         return drafts, selection, rollout, report, fidelity
     parts = distributed.all_gather_objects((
         drafts.prompts, drafts.prompt_ids, drafts.seeds, drafts.scores, selection, rollout.seeds, rollout.scores,
-        report.advantages, fidelity, (drafts.explore_rows, drafts.scored_drafts, drafts.pruned)))
+        report.advantages, fidelity, report.update_steps, (drafts.explore_rows, drafts.scored_drafts, drafts.pruned)))
     column = list(zip(*parts))
-    explore_rows, scored_drafts, pruned = (sum(values) for values in zip(*column[9]))
+    explore_rows, scored_drafts, pruned = (sum(values) for values in zip(*column[10]))
 
     def scores(records: tuple[RewardScores, ...]) -> RewardScores:
         return RewardScores(per_reward={name: torch.cat([r.per_reward[name] for r in records])
@@ -288,7 +296,7 @@ def whole_iteration(drafts: Drafts, selection: torch.Tensor, rollout: Rollout, r
                           scored_drafts=scored_drafts, pruned=pruned)
     whole_rollout = Rollout(prompts=whole_drafts.prompts, seeds=torch.cat(column[5]), latents=torch.empty(0),
                             sigmas=rollout.sigmas, scores=scores(column[6]), full_precision=rollout.full_precision)
-    whole_report = replace(report, advantages=torch.cat(column[7]))
+    whole_report = replace(report, advantages=torch.cat(column[7]), update_steps=torch.cat(column[9]))
     return whole_drafts, torch.cat(column[4]), whole_rollout, whole_report, sum(column[8], [])
 
 
@@ -357,7 +365,9 @@ class _TrainItem:
 
 
 def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
-    """DiffusionNFT on the rollout: group advantages, then train.steps_per_iteration AdamW steps."""
+    """DiffusionNFT on the rollout: group advantages, then train.steps_per_iteration AdamW steps,
+    each on a seeded random share of the kept samples (solrl_core.dealing), then the old policy's
+    soft update at the rate its optimizer-step count gives (the reference's return_decay)."""
     config, train = state.config, state.config.train
     # The advantage's std is over the whole iteration: the kept rewards of every rank's groups.
     all_advantages = group_advantages(torch.cat(distributed.all_gather_objects(rollout.combined())))
@@ -370,8 +380,9 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
     scored = torch.isfinite(advantages).flatten()
     all_scored = torch.isfinite(all_advantages).flatten()
     items = [item for item in _train_items(config, rollout, iteration) if scored[item.sample]]
-    parts = _step_of_sample(all_scored, train.steps_per_iteration)
+    parts = deal_to_steps(all_scored, train.steps_per_iteration, config.seed, iteration)
     first_sample = rollout.first_slot * rollout.seeds.shape[1]
+    my_parts = parts[first_sample:first_sample + rollout.seeds.numel()].view(rollout.seeds.shape)
     totals = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 0, "skipped_steps": 0}
     for step_number in range(train.steps_per_iteration):
         if step_number:
@@ -384,14 +395,16 @@ def update(state: RunState, rollout: Rollout, iteration: int) -> UpdateReport:
         for key in totals:
             totals[key] += step[key]
     steps = train.steps_per_iteration
-    eta = old_policy_rate(iteration, train.eta_rate, train.eta_max)
+    # The reference counts the rate in optimizer steps (return_decay(global_step), after the
+    # iteration's steps), not iterations: with several steps an iteration the old policy lags more.
+    eta = old_policy_rate(state.optimizer_steps, train.eta_rate, train.eta_max)
     blend_adapters(state.policy.transformer, source=TRAINED, target=OLD, keep=eta)
     decay = ema_decay(state.optimizer_steps, train.ema_max_decay)  # the last step's (_optimizer_step blends)
     return UpdateReport(loss=totals["loss"] / steps, policy_loss=totals["policy"] / steps, kl_loss=totals["kl"] / steps,
                         grad_norm=totals["grad_norm"] / steps, optimizer_steps=state.optimizer_steps,
                         skipped_micro_batches=totals["skipped"], skipped_steps=totals["skipped_steps"],
                         old_policy_rate=eta, ema_decay=decay, advantages=advantages,
-                        unscored_samples=int((~all_scored).sum()))
+                        unscored_samples=int((~all_scored).sum()), update_steps=my_parts)
 
 
 def _timesteps_per_sample(config: Config, rollout: Rollout) -> int:
@@ -421,13 +434,6 @@ def _train_items(config: Config, rollout: Rollout, iteration: int) -> list[_Trai
             items.append(_TrainItem(sample_index, grid[t_index],
                                     derive_seed(config.seed, "train-noise", iteration, global_index, t_index)))
     return items
-
-
-def _step_of_sample(scored: torch.Tensor, parts: int) -> torch.Tensor:
-    """The optimizer step of each (global) sample: the scored samples dealt out in turn, so each
-    step sees whole samples; unscored samples get -1 (no step)."""
-    position = torch.cumsum(scored.long(), 0) - 1
-    return torch.where(scored, position % parts, torch.full_like(position, -1))
 
 
 def _optimizer_step(state: RunState, items: list[_TrainItem], total_items: int, latents: torch.Tensor,

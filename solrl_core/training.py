@@ -73,7 +73,7 @@ def run_iteration(state: stages.RunState, iteration: int, out_dir: Path, runner:
     """One Sol-RL iteration; appends the ledger rows and returns the metrics record."""
     clock = StageClock(runner)
     drafts = clock.time("explore", stages.explore, state, iteration)
-    selection = clock.time("rank", stages.rank, drafts, state.config.keep)
+    selection = clock.time("rank", stages.rank, drafts, state.config)
     rollout = clock.time("regenerate", stages.regenerate, state, drafts, selection)
     report = clock.time("update", stages.update, state, rollout, iteration)
     clock.time("requantize", stages.requantize, state)
@@ -104,6 +104,7 @@ def _iteration_ledger_frame(drafts, selection, rollout, report):
         drafts.iteration, drafts.prompts, drafts.prompt_ids, drafts.seeds,
         {k: v.view(drafts.seeds.shape) for k, v in drafts.scores.per_reward.items()}, drafts.combined(), selection,
         rollout.scores.per_reward if has_fp else None, rollout.combined() if has_fp else None, report.advantages,
+        report.update_steps,
     )
 
 

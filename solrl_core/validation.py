@@ -22,6 +22,7 @@ from solrl_core.nft import ADVANTAGE_MODES
 from solrl_core.quant.backends import BACKENDS
 from solrl_core.rewards.registry import REWARDS
 from solrl_core.sampling import SAMPLERS
+from solrl_core.selection import KEEP_RULES
 
 
 def check_config(config: Config, presets: Collection[str]) -> Config:
@@ -32,6 +33,8 @@ def check_config(config: Config, presets: Collection[str]) -> Config:
     _require(config.family in FAMILIES, f"unknown family '{config.family}'; allowed: {', '.join(FAMILIES)}")
     _require(config.explore.backend in BACKENDS,
              f"unknown explore.backend '{config.explore.backend}'; allowed: {', '.join(BACKENDS)}")
+    _require(config.selection in KEEP_RULES,
+             f"unknown selection '{config.selection}'; allowed: {', '.join(KEEP_RULES)}")
     _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
     _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
     _require(config.model.loader in MODELS,

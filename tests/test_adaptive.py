@@ -71,7 +71,7 @@ def test_a_survivors_draft_is_the_fixed_schemes_draft_for_that_seed(state, backe
     torch.testing.assert_close(adaptive.scores.combined[survived], fixed.scores.combined[survived],
                                rtol=0, atol=ROUNDING[backend])
     # pruned seeds rank in the middle, so the kept are the survivors' extremes
-    kept = stages.rank(adaptive, config.keep)
+    kept = stages.rank(adaptive, config)
     assert bool(torch.isfinite(torch.gather(adaptive.combined(), 1, kept)).all())
     assert adaptive.explore_rows == 2 * explorer_rows([1, 2], [6, 6], 8, 4, 4) == 2 * (8 + 6 + 6 * 2)
     assert fixed.explore_rows == 2 * 8 * 4
@@ -81,7 +81,7 @@ def test_stopping_at_keep_decides_the_kept_seeds_and_charges_only_the_steps_take
     state.explorer = None
     drafts = stages.explore(state, 1)
     assert drafts.explore_rows == 2 * (8 * 1 + 6 * 1) and drafts.scored_drafts == 2 * (8 + 6)
-    kept = stages.rank(drafts, state.config.keep)
+    kept = stages.rank(drafts, state.config)
     assert int(torch.isfinite(drafts.combined()).sum()) == 2 * 4
     assert bool(torch.isfinite(torch.gather(drafts.combined(), 1, kept)).all())
     counts = accounting.sample_flops(state)

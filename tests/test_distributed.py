@@ -1,6 +1,7 @@
 """Scale-out on torchrun (gloo on the CPU), against one process with the same config.
 
-* 2 ranks and 1 process, 3 iterations: the same seeds and selections; ledger rewards, adapter
+* 2 ranks and 1 process, 3 iterations: the same seeds, selections and dealing of kept samples to
+  optimizer steps; ledger rewards, adapter
   weights and evaluations equal within TOLERANCE.
 * bad scale-out input: one line, exit code 2, nothing written.
 * a rank killed in the middle of an update: the run ends (exit 1) well within --rank-timeout,
@@ -86,7 +87,7 @@ def assert_equivalent(ranks: dict, one: dict) -> None:
     """Same seeds and selections; rewards, advantages, weights and evaluations within TOLERANCE."""
     left, right = ranks["ledger"], one["ledger"]
     assert left.columns == right.columns and left.height == right.height
-    for column in ("iteration", "prompt_id", "seed", "selected"):
+    for column in ("iteration", "prompt_id", "seed", "selected", "update_step"):
         assert left[column].equals(right[column]), column
     for column in (name for name in left.columns if left[name].dtype == pl.Float64):
         assert left[column].is_null().equals(right[column].is_null()), column

@@ -88,3 +88,31 @@ def test_naive_scaling_and_sol_rl_explore_the_same_seeds_with_different_rollouts
     # Same seeds (a pure function of the run seed); 4-bit 3-step drafts vs full-precision 4-step rollouts.
     assert first["seed"].to_list() == scaling["seed"].to_list()
     assert first["explore_reward"].to_list() != scaling["explore_reward"].to_list()
+
+
+def test_the_ledger_shows_which_optimizer_step_each_kept_seed_trained_in(sol_rl_run):
+    """The preset's 8 optimizer steps an iteration over its 2 x 4 kept seeds: each step gets one,
+    a seeded random deal (the reference shuffles), not the order the rank stage keeps them in."""
+    _, ledger, _ = sol_rl_run
+    assert ledger.filter(~pl.col("selected"))["update_step"].null_count() == ledger.filter(~pl.col("selected")).height
+    orders = []
+    for (iteration,), rows in ledger.filter(pl.col("selected")).group_by(["iteration"], maintain_order=True):
+        assert sorted(rows["update_step"].to_list()) == list(range(8)), iteration
+        # In rank order (each group's best two, then its worst two) the steps would be 0, 1, ..., 7.
+        ranked = rows.sort(["prompt_id", "explore_reward"], descending=[False, True], maintain_order=True)
+        orders.append(ranked["update_step"].to_list())
+    assert orders[0] != orders[1], "each iteration deals anew"
+
+
+def test_random_pool_keeps_k_seeds_at_random_whatever_their_rewards(tmp_path):
+    ledger, _ = run_cli(tmp_path / "rp", family="random_pool", iterations=2, extra=["-S", "regenerate.steps=4"])
+    scaling, _ = run_cli(tmp_path / "ns", family="naive_scaling", iterations=1, extra=["-S", "regenerate.steps=4"])
+    first = ledger.filter(pl.col("iteration") == 0)
+    # naive_scaling's pool (the same seeds, at full precision, the same rewards), another kept set.
+    assert first["seed"].to_list() == scaling["seed"].to_list()
+    assert first["explore_reward"].to_list() == pytest.approx(scaling["explore_reward"].to_list())
+    assert first["selected"].to_list() != scaling["selected"].to_list()
+    per_group = ledger.group_by(["iteration", "prompt_id"]).agg(pl.col("selected").sum())
+    assert per_group["selected"].to_list() == [4] * per_group.height
+    kept = ledger.filter(pl.col("selected"))
+    assert (kept["fp_reward"] == kept["explore_reward"]).all()  # trained on its full-precision pool as drawn

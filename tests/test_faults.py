@@ -188,7 +188,7 @@ def _one_rollout(micro_batch: int = 64):
     state = stages.initial_state(config)
     stages.quantize(state)
     drafts = stages.explore(state, 0)
-    return state, stages.regenerate(state, drafts, stages.rank(drafts, config.keep))
+    return state, stages.regenerate(state, drafts, stages.rank(drafts, config))
 
 
 def test_a_nonfinite_loss_skips_its_micro_batch_and_keeps_the_weights_finite():

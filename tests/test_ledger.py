@@ -21,18 +21,20 @@ def make_frame(iteration, groups=2, pool=6, keep=2, with_fp=True):
     fp_scores = {name: torch.rand(groups, keep, generator=generator) for name in REWARD_NAMES} if with_fp else None
     fp_combined = torch.rand(groups, keep, generator=generator) if with_fp else None
     advantages = torch.randn(groups, keep, generator=generator)
+    update_steps = torch.randint(0, 3, (groups, keep), generator=generator)
     frame = ledger_frame(iteration, [f"prompt {iteration}-{g}" for g in range(groups)],
                          [100 * iteration + g for g in range(groups)], seeds, explore_scores, explore_combined,
-                         selection, fp_scores, fp_combined, advantages)
+                         selection, fp_scores, fp_combined, advantages, update_steps)
     inputs = dict(seeds=seeds, explore_scores=explore_scores, explore_combined=explore_combined,
-                  selection=selection, fp_scores=fp_scores, fp_combined=fp_combined, advantages=advantages)
+                  selection=selection, fp_scores=fp_scores, fp_combined=fp_combined, advantages=advantages,
+                  update_steps=update_steps)
     return frame, inputs
 
 
 EXPECTED_COLUMNS = [
     "iteration", "prompt_id", "prompt", "seed", "explore_reward",
     "explore_shapes-compliance", "explore_shapes-aesthetic", "selected", "fp_reward",
-    "fp_shapes-compliance", "fp_shapes-aesthetic", "advantage",
+    "fp_shapes-compliance", "fp_shapes-aesthetic", "advantage", "update_step",
 ]
 
 
@@ -43,6 +45,7 @@ def test_ledger_has_the_documented_columns_and_types():
     assert frame.schema["selected"] == pl.Boolean
     assert frame.schema["prompt"] == pl.String
     assert frame.schema["iteration"].is_integer() and frame.schema["prompt_id"].is_integer()
+    assert frame.schema["update_step"].is_integer()
     for column in EXPECTED_COLUMNS:
         if column.startswith(("explore_", "fp_")) or column == "advantage":
             assert frame.schema[column] == pl.Float64, column
@@ -70,12 +73,13 @@ def test_kept_rows_carry_fp_rewards_and_advantages_and_the_rest_are_null():
             row = frame.row(g * pool + index, named=True)
             assert row["selected"] is True
             assert row["advantage"] == pytest.approx(inputs["advantages"][g, k].item())
+            assert row["update_step"] == int(inputs["update_steps"][g, k])
             assert row["fp_reward"] == pytest.approx(inputs["fp_combined"][g, k].item())
             for name in REWARD_NAMES:
                 assert row[f"fp_{name}"] == pytest.approx(inputs["fp_scores"][name][g, k].item())
     unselected = frame.filter(~pl.col("selected"))
     assert unselected.height == 8
-    for column in ("fp_reward", "fp_shapes-compliance", "fp_shapes-aesthetic", "advantage"):
+    for column in ("fp_reward", "fp_shapes-compliance", "fp_shapes-aesthetic", "advantage", "update_step"):
         assert unselected[column].null_count() == 8, column
         assert frame.filter(pl.col("selected"))[column].null_count() == 0, column
     assert unselected["explore_reward"].null_count() == 0
@@ -150,3 +154,13 @@ def test_json_outputs_are_written_whole_and_jsonl_appends(tmp_path):
     append_jsonl(metrics, {"iteration": 1})
     assert [json.loads(line) for line in metrics.read_text().splitlines()] == [{"iteration": 0}, {"iteration": 1}]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+
+
+def test_a_kept_sample_that_trained_in_no_step_has_a_null_update_step():
+    frame, inputs = make_frame(2, groups=1, pool=6, keep=2)
+    steps = inputs["update_steps"].clone()
+    steps[0, 1] = -1  # its reward was not finite: kept, left out of the update
+    frame = ledger_frame(2, ["p"], [0], inputs["seeds"], inputs["explore_scores"], inputs["explore_combined"],
+                         inputs["selection"], inputs["fp_scores"], inputs["fp_combined"], inputs["advantages"], steps)
+    kept = inputs["selection"][0].tolist()
+    assert frame["update_step"][kept[0]] == int(steps[0, 0]) and frame["update_step"][kept[1]] is None

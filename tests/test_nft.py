@@ -184,9 +184,9 @@ def test_swapping_the_weights_reverses_the_gradient_direction_preference():
 # --- schedules -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("iteration", [0, 1, 10, 250, 499, 500, 501, 10_000])
-def test_old_policy_rate_schedule(iteration):
-    assert old_policy_rate(iteration, 0.001, 0.5) == pytest.approx(min(0.001 * iteration, 0.5))
+@pytest.mark.parametrize("steps", [0, 1, 10, 250, 499, 500, 501, 10_000])
+def test_old_policy_rate_schedule_counts_optimizer_steps(steps):
+    assert old_policy_rate(steps, 0.001, 0.5) == pytest.approx(min(0.001 * steps, 0.5))
 
 
 def test_old_policy_rate_starts_at_zero_so_old_equals_trained():
@@ -206,40 +206,53 @@ def test_ema_decay_is_non_decreasing_and_capped():
 
 
 @pytest.mark.slow
-def test_the_evaluation_ema_follows_every_optimizer_step():
-    """As in the reference code, each AdamW step is followed by ema <- d(s) ema + (1 - d(s)) trained,
-    s the step count; blended once per iteration instead, the EMA would average ~10 iterations
-    and every evaluation would score a policy that lags the trained one."""
+def test_the_reference_old_policy_and_ema_recursions_over_multi_step_iterations():
+    """The reference code's two recursions, replayed over two iterations of three optimizer steps:
+    after each AdamW step s (counted over the run), ema <- d(s) ema + (1 - d(s)) trained with
+    d(s) = min((1 + s) / (10 + s), 0.9); after each iteration's last step, old <- eta old +
+    (1 - eta) trained with eta = min(rate * s, max) (return_decay(global_step)). Blending the EMA
+    once per iteration would average ~10 iterations; counting eta in iterations would leave the
+    old policy nearly equal to the trained one for hundreds of iterations at several steps each."""
     from solrl_core import stages
-    from solrl_core.models.adapters import EMA, TRAINED, adapter_parameters
+    from solrl_core.models.adapters import EMA, OLD, TRAINED, adapter_parameters
     from solrl_core.presets import resolve_config
 
+    # A rate large enough that the old policy visibly lags, capped within the second iteration.
     config = resolve_config("shapes-tiny", "sol_rl", [
         ("prompts_per_iteration", 2), ("pool", 8), ("keep", 4), ("explore.steps", 3), ("regenerate.steps", 4),
-        ("train.steps_per_iteration", 3), ("progress", False)])
+        ("train.steps_per_iteration", 3), ("train.eta_rate", 0.1), ("train.eta_max", 0.5), ("progress", False)])
     state = stages.initial_state(config)
     stages.quantize(state)
-    drafts = stages.explore(state, 0)
-    rollout = stages.regenerate(state, drafts, stages.rank(drafts, config.keep))
     transformer = state.policy.transformer
-    expected = {key: value.detach().clone().double() for key, value in adapter_parameters(transformer, EMA).items()}
-    initial = dict(expected)
+
+    def snapshot(adapter):
+        return {key: value.detach().clone().double() for key, value in adapter_parameters(transformer, adapter).items()}
+
+    expected_ema, expected_old, initial = snapshot(EMA), snapshot(OLD), snapshot(TRAINED)
     steps = []
 
     def after_step(optimizer, args, kwargs):
         steps.append(len(steps) + 1)
         decay = ema_decay(steps[-1], config.train.ema_max_decay)
         for key, trained in adapter_parameters(transformer, TRAINED).items():
-            expected[key] = decay * expected[key] + (1 - decay) * trained.detach().double()
+            expected_ema[key] = decay * expected_ema[key] + (1 - decay) * trained.detach().double()
 
     state.optimizer.register_step_post_hook(after_step)
-    stages.update(state, rollout, 0)
-    assert steps == [1, 2, 3]
-    moved = max(float((value.detach().double() - initial[key]).abs().max()) for key, value in
-                adapter_parameters(transformer, TRAINED).items())
+    rates = []
+    for iteration in range(2):
+        drafts = stages.explore(state, iteration)
+        rollout = stages.regenerate(state, drafts, stages.rank(drafts, config))
+        report = stages.update(state, rollout, iteration)
+        rates.append(report.old_policy_rate)
+        eta = min(0.1 * len(steps), 0.5)
+        for key, trained in snapshot(TRAINED).items():
+            expected_old[key] = eta * expected_old[key] + (1 - eta) * trained
+    assert steps == [1, 2, 3, 4, 5, 6] and rates == pytest.approx([0.3, 0.5])
+    moved = max(float((value - initial[key]).abs().max()) for key, value in snapshot(TRAINED).items())
     assert moved > 1e-5, "the trained weights must move for this test to say anything"
-    for key, ema in adapter_parameters(transformer, EMA).items():
-        torch.testing.assert_close(ema.double(), expected[key], rtol=1e-5, atol=1e-9)
+    for adapter, expected in ((EMA, expected_ema), (OLD, expected_old)):
+        for key, value in snapshot(adapter).items():
+            torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-9, msg=f"{adapter} {key}")
 
 
 def test_train_defaults_match_spec():

@@ -88,7 +88,7 @@ def test_tiny_instance_loads_through_the_preset_and_runs_one_iteration(preset, t
     trained_before = {k: v.detach().clone() for k, v in adapter_parameters(state.policy.transformer, TRAINED).items()}
 
     drafts = stages.explore(state, 0)
-    selection = stages.rank(drafts, config.keep)
+    selection = stages.rank(drafts, config)
     rollout = stages.regenerate(state, drafts, selection)
     report = stages.update(state, rollout, 0)
     stages.requantize(state)
