@@ -86,3 +86,51 @@ def test_the_random_keep_rule_keeps_every_seed_equally_often():
     kept = select_random(groups=2000, pool=8, keep=2, run_seed=0, iteration=0)
     frequency = torch.bincount(kept.flatten(), minlength=8).double() / 2000
     assert torch.allclose(frequency, torch.full((8,), 2 / 8, dtype=torch.double), atol=0.03)
+
+
+# --- nothing else in the update carries order (docs/update.md) -------------------------------
+
+
+def test_advantages_follow_their_samples_under_any_order_within_and_across_groups():
+    """The group mean and the iteration-wide std are order-free: permuting samples within groups
+    and permuting the groups permutes the advantages the same way, nothing else."""
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.rand(6, 12, generator=generator)
+    within = torch.stack([torch.randperm(12, generator=generator) for _ in range(6)])
+    across = torch.randperm(6, generator=generator)
+    shuffled = torch.gather(rewards, 1, within)[across]
+    expected = torch.gather(group_advantages(rewards), 1, within)[across]
+    torch.testing.assert_close(group_advantages(shuffled), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_how_a_step_is_cut_into_micro_batches_does_not_change_the_update():
+    """A step's loss is a sum of per-(sample, timestep) terms, each with its own normaliser, so
+    micro-batches of 1 and one micro-batch of the whole step train the same weights (to float
+    rounding): which samples share a micro-batch carries no signal."""
+    from solrl_core import stages
+    from solrl_core.models.adapters import TRAINED, adapter_parameters
+    from solrl_core.presets import resolve_config
+
+    def state_with(micro_batch: int):
+        config = resolve_config("shapes-tiny", "sol_rl", [
+            ("prompts_per_iteration", 2), ("pool", 8), ("keep", 4), ("explore.steps", 3), ("regenerate.steps", 4),
+            ("train.steps_per_iteration", 2), ("train.micro_batch", micro_batch), ("progress", False)])
+        state = stages.initial_state(config)
+        stages.quantize(state)
+        return state
+
+    whole, single = state_with(64), state_with(1)
+    drafts = stages.explore(whole, 0)
+    rollout = stages.regenerate(whole, drafts, stages.rank(drafts, whole.config))
+    before = {k: v.detach().clone() for k, v in adapter_parameters(whole.policy.transformer, TRAINED).items()}
+    stages.update(whole, rollout, 0)
+    stages.update(single, rollout, 0)
+    trained = adapter_parameters(whole.policy.transformer, TRAINED)
+    moved = max(float((trained[k].detach() - before[k]).abs().max()) for k in before)
+    assert moved > 1e-4, "the weights must move for this test to say anything"
+    # AdamW divides each gradient by its own running scale, so float rounding in a near-zero
+    # gradient entry can reach ~1% of a step's movement; another sample in a step moves it fully.
+    apart = max(float((value.detach() - trained[key].detach()).abs().max())
+                for key, value in adapter_parameters(single.policy.transformer, TRAINED).items())
+    assert apart < 0.05 * moved, (apart, moved)
