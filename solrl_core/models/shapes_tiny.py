@@ -81,6 +81,23 @@ class ShapesTextEncoder(torch.nn.Module):
         return states, pooled
 
 
+# FLUX.1 gives the index axis of its position ids (0 for every token of one image or caption) 16 of
+# its 128 rotary dims and splits the rest evenly between rows and columns: (16, 56, 56).
+FLUX_INDEX_AXIS_DIMS = 16
+
+
+def rope_axes(head_dim: int) -> tuple[int, int, int]:
+    """The rotary dims of (index, row, column) for a head of ``head_dim``: FLUX.1's split, the index
+    axis capped at a quarter of a small head (head dim 16 gives (4, 6, 6), the committed checkpoint's).
+    The three must sum to the head dim, each even (rotary dims come in pairs), or the first forward
+    fails on a size mismatch."""
+    index = min(FLUX_INDEX_AXIS_DIMS, head_dim // 4)
+    side, remainder = divmod(head_dim - index, 2)
+    if remainder or index % 2 or side % 2:
+        raise ValueError(f"attention_head_dim {head_dim} does not split into even rotary axes; use a multiple of 16")
+    return index, side, side
+
+
 def build_transformer(arch: TinyArchitecture) -> FluxTransformer2DModel:
     return FluxTransformer2DModel(
         patch_size=1,
@@ -92,7 +109,7 @@ def build_transformer(arch: TinyArchitecture) -> FluxTransformer2DModel:
         joint_attention_dim=arch.text_dim,
         pooled_projection_dim=arch.text_dim,
         guidance_embeds=False,
-        axes_dims_rope=(4, 6, 6),
+        axes_dims_rope=rope_axes(arch.attention_head_dim),
     )
 
 

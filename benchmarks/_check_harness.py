@@ -1,0 +1,153 @@
+"""The machinery of the one-try GPU check (benchmarks/gpu_check.py), kept apart from what it
+measures: the package report and refusal, the compile-toolchain probe with its eager fallback,
+sections that run isolated and are saved one by one, and the routing that lets a CPU rehearsal
+take the GPU's FP8 GEMM path.
+
+A lent GPU gives one try of a few minutes, so nothing here may take the whole check down: a
+section that raises is recorded (with its traceback) and the next one runs, and the JSON is
+rewritten after every section, so a check killed by its time limit still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+# Distribution name -> import name. Required: the check cannot run a section without them.
+REQUIRED_PACKAGES = {"torch": "torch", "diffusers": "diffusers", "peft": "peft", "safetensors": "safetensors"}
+# Reported, never required: Transformer Engine only runs te-nvfp4 (Blackwell); Triton is what
+# inductor compiles CUDA kernels with (CPU kernels need a C compiler instead).
+OPTIONAL_PACKAGES = {"triton": "triton", "transformer-engine": "transformer_engine"}
+
+
+def _version(distribution: str, module: str) -> str | None:
+    """The installed version, or None when the package cannot be imported. find_spec, not an
+    import: importing Transformer Engine initialises CUDA and takes seconds."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        # transformer-engine ships as transformer_engine (+ _torch) distributions, depending on the wheel.
+        for alternative in (module, f"{module}_torch", f"{distribution}-torch"):
+            try:
+                return importlib.metadata.version(alternative)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return "installed (version unknown)"
+
+
+def environment(device: torch.device) -> dict:
+    """Versions of the packages the check uses and what the device is."""
+    record = {name: _version(name, module) for name, module in {**REQUIRED_PACKAGES, **OPTIONAL_PACKAGES}.items()}
+    record["cuda"] = torch.version.cuda
+    record["device"] = str(device)
+    if device.type == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(device)
+        record["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(device)
+        record["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+    else:
+        record["capability"] = None
+    return record
+
+
+def missing_required(record: dict) -> list[str]:
+    return [name for name in REQUIRED_PACKAGES if record.get(name) is None]
+
+
+def environment_line(record: dict) -> str:
+    """One printed line: every package with its version, 'absent' for an optional one missing."""
+    words = [f"{name} {record[name] or 'absent'}" for name in (*REQUIRED_PACKAGES, *OPTIONAL_PACKAGES)]
+    words.append(f"CUDA {record['cuda'] or 'none'}")
+    words.append(f"device {record.get('gpu', record['device'])} capability {record['capability'] or 'none'}")
+    return ", ".join(words)
+
+
+# --- torch.compile: probe once, fall back to eager ---------------------------------------------
+
+
+def compile_toolchain_problem(device: torch.device) -> str | None:
+    """Why torch.compile cannot build kernels for ``device``, or None when a tiny function compiles
+    and runs. Checked before the first real kernel so that a missing Triton or C compiler costs
+    one line, not a section."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    if shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("clang") is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    try:
+        probe = torch.compile(lambda x: (x.abs().amax() / 448.0).float(), dynamic=True, fullgraph=True)
+        probe(torch.ones(32, 16, device=device))
+    except Exception as error:  # noqa: BLE001 - any failure of the toolchain means: run eager
+        return f"torch.compile failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+    return None
+
+
+def use_eager_quantizers() -> None:
+    """Make the quantizers that solrl_core compiles on CUDA run eager instead: the same numbers,
+    more kernels. The kernel modules keep their compiled callables in module caches; filling the
+    caches with the eager functions is the one way in without editing them."""
+    from solrl_core.quant import fp8, nvfp4_linear
+
+    fp8._COMPILED_QUANTIZE = fp8.quantize_fp8
+    for function in (nvfp4_linear.quantize_activation_scaled, nvfp4_linear.decode_scaled_codes):
+        nvfp4_linear._COMPILED[function.__name__] = function
+
+
+# --- the FP8 GEMM path on a CPU ----------------------------------------------------------------
+
+
+@contextmanager
+def scaled_mm_routing_on_cpu() -> Iterator[None]:
+    """Inside, solrl_core's FP8 matmul takes the GPU's branch (torch._scaled_mm, bias fused for a
+    bf16 output, fast accumulation) on the CPU as well, wherever the layer meets the GEMM's
+    alignment rule: torch runs _scaled_mm on the CPU with float8_e4m3fn inputs, so a rehearsal
+    can meet the layouts and scale shapes the GPU will meet. Only the device test is lifted."""
+    from solrl_core.quant import fp8
+
+    original = fp8.can_use_scaled_mm
+
+    def aligned(x: torch.Tensor, w_fp8: torch.Tensor, rowwise: bool = False) -> bool:
+        out_features, in_features = w_fp8.shape
+        return in_features % fp8.SCALED_MM_ALIGNMENT == 0 and out_features % fp8.SCALED_MM_ALIGNMENT == 0
+
+    fp8.can_use_scaled_mm = aligned
+    try:
+        yield
+    finally:
+        fp8.can_use_scaled_mm = original
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+def run_section(name: str, function: Callable[[], dict]) -> dict:
+    """One section, isolated: its result, or the exception with its traceback."""
+    started = time.perf_counter()
+    try:
+        record = {"status": "ok", "result": function()}
+    except Exception as error:  # noqa: BLE001 - one broken section must not cost the others
+        record = {"status": "error", "error": f"{type(error).__name__}: {error}"[:2000],
+                  "traceback": traceback.format_exc()}
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    return record
+
+
+def run_sections(sections: list[tuple[str, Callable[[], dict]]], report: dict, save: Callable[[dict], None],
+                 echo: Callable[[str], None] = print) -> None:
+    """Run each section in order into ``report["sections"]``; save the report after each."""
+    report.setdefault("sections", {})
+    for name, function in sections:
+        echo(f"section {name} ...")
+        record = run_section(name, function)
+        report["sections"][name] = record
+        save(report)
+        last = record.get("error", "").splitlines()[0] if record["status"] == "error" else ""
+        echo(f"section {name}: {record['status']} in {record['seconds']} s{' - ' + last if last else ''}")
