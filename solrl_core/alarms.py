@@ -5,10 +5,15 @@
   the selection degrades silently. Below ``alarms.drift.threshold`` for ``alarms.drift.window``
   iterations in a row, the run warns and, when configured, switches once to a more faithful
   explorer (more steps, another backend) from the next iteration on.
-* Reward hacking: a trained reward rising while a held-out one (scored at every evaluation, never
-  trained on) falls means the policy exploits the trained reward. At an evaluation, the trained
-  rewards' weighted change since the base evaluation above zero while a held-out reward is more
-  than ``alarms.hacking.margin`` below its base value warns.
+* Reward hacking: a held-out reward (scored at every evaluation, never trained on) that falls
+  while the policy trains means the policy buys the trained reward with something it was not
+  asked to give up. A held-out reward warns at an evaluation when it is more than
+  ``alarms.hacking.margin`` below its base value (0.03: the aesthetic fall this project accepts
+  for a compliance gain; make run's 64-image evaluation moves the aesthetic by about 0.01 either
+  way on its own): a fall inside the stated limit is no trade-off to act on. The
+  trained rewards' weighted change is recorded beside it and named in the warning whichever way
+  it went: a held-out fall beyond the limit is as much a reason to stop when the trained reward
+  fell too (a learning rate too high for the policy) as when it rose.
 
 Flags are 0/1 integers, so MLflow charts them. Both alarms are functions of what the metrics
 already hold, so a resumed run (and every torchrun rank) reaches the same state.
@@ -84,21 +89,28 @@ def held_out_rewards(config) -> list[str]:
 
 
 def check_hacking(config, base: dict[str, float], now: dict[str, float]) -> dict | None:
-    """The reward-hacking record of one evaluation against the base one (None: nothing held out)."""
+    """The reward-hacking record of one evaluation against the base one (None: nothing held out).
+    ``fall_limit`` records the fall each held-out reward had to pass."""
+    hacking = config.alarms.hacking
     held_out = [name for name in held_out_rewards(config) if name in base and name in now]
-    if not config.alarms.hacking.enabled or not held_out:
+    if not hacking.enabled or not held_out:
         return None
     trained_change = sum(weight * (now[name] - base[name]) for name, weight in config.rewards.items()
                          if name in base and name in now)
     changes = {name: now[name] - base[name] for name in held_out}
-    falling = [name for name, change in changes.items() if change < -config.alarms.hacking.margin]
-    return {"reward_hacking": int(trained_change > 0 and bool(falling)), "trained_change": trained_change,
-            "held_out_change": changes, "falling": falling}
+    limits = {name: hacking.margin for name in held_out}
+    falling = [name for name, change in changes.items() if change < -limits[name]]
+    return {"reward_hacking": int(bool(falling)), "trained_change": trained_change,
+            "held_out_change": changes, "fall_limit": limits, "falling": falling}
 
 
 def hacking_warning(record: dict | None) -> str | None:
     if not record or not record.get("reward_hacking"):
         return None
-    falls = ", ".join(f"{name} {record['held_out_change'][name]:+.4f}" for name in record["falling"])
-    return (f"warning: reward hacking: the trained reward rose {record['trained_change']:+.4f} since the base "
-            f"evaluation while held-out {falls}")
+    limits = record.get("fall_limit", {})
+    falls = ", ".join(f"{name} {record['held_out_change'][name]:+.4f}"
+                      + (f" (limit {limits[name]:.4f})" if name in limits else "") for name in record["falling"])
+    trained = record["trained_change"]
+    how = "rose" if trained > 0 else "did not rise"
+    return (f"warning: reward hacking: held-out {falls} since the base evaluation, beyond the accepted fall, "
+            f"while the trained reward {how} ({trained:+.4f}); look at samples_final.png before training on")

@@ -118,11 +118,12 @@ class DriftAlarmConfig:
 
 @dataclass
 class HackingAlarmConfig:
-    """Reward hacking: at an evaluation, a trained reward above its base value while a held-out
-    one (in eval.rewards, not in rewards) is more than ``margin`` below its base value warns."""
+    """Reward hacking: at an evaluation, a held-out reward (in eval.rewards, not in rewards) more
+    than ``margin`` below its base value warns (0.03: the fall of the untrained aesthetic this
+    project accepts for a compliance gain; solrl_core.alarms)."""
 
     enabled: bool = True
-    margin: float = 0.01
+    margin: float = 0.03
 
 
 @dataclass

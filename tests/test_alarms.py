@@ -1,6 +1,7 @@
 """The proxy-drift alarm (fired by an injected degraded explorer, switching to a more faithful one)
-and the reward-hacking alarm (a run trained on compliance alone at a high learning rate), as they
-show in metrics.jsonl and in the metrics MLflow receives."""
+and the reward-hacking alarm (a held-out reward falling beyond the accepted fall: quiet at make
+run's end, firing at the lr 3e-3 run's), as they show in
+metrics.jsonl and in the metrics MLflow receives."""
 
 from __future__ import annotations
 
@@ -57,15 +58,65 @@ def test_an_honest_explorer_raises_no_drift_alarm(tmp_path):
     assert metrics_of(tmp_path / "run")[0]["alarms"]["proxy_drift"] == 0
 
 
+# make run's default job at its end (held-out compliance +0.1151, aesthetic -0.0105: inside the 0.03
+# the project accepts), and the run that did hack (lr 3e-3, 8 optimizer steps per iteration: the
+# trained compliance fell -0.012 while the held-out aesthetic fell -0.037).
+MAKE_RUN_END = {"shapes-compliance": +0.1151, "shapes-aesthetic": -0.0105}
+HACKED_END = {"shapes-compliance": -0.012, "shapes-aesthetic": -0.037}
+BASE = {"shapes-compliance": 0.380, "shapes-aesthetic": 0.942}
+
+
+def moved(base, change):
+    return {name: base[name] + change[name] for name in base}
+
+
 def test_hacking_rule():
-    config = resolve_config("shapes-tiny", "sol_rl", TINY + [("alarms.hacking.margin", 0.01)])
-    base = {"shapes-compliance": 0.10, "shapes-aesthetic": 0.50}
-    fired = alarms.check_hacking(config, base, {"shapes-compliance": 0.2, "shapes-aesthetic": 0.48})
-    assert fired["reward_hacking"] == 1 and fired["falling"] == ["shapes-aesthetic"]
-    within = alarms.check_hacking(config, base, {"shapes-compliance": 0.2, "shapes-aesthetic": 0.495})
-    both_fall = alarms.check_hacking(config, base, {"shapes-compliance": 0.05, "shapes-aesthetic": 0.3})
-    assert within["reward_hacking"] == 0 and both_fall["reward_hacking"] == 0
-    assert "shapes-aesthetic" in alarms.hacking_warning(fired)
+    config = resolve_config("shapes-tiny", "sol_rl", TINY)  # the default alarm settings
+    assert config.alarms.hacking.margin == 0.03
+    quiet = alarms.check_hacking(config, BASE, moved(BASE, MAKE_RUN_END))
+    assert quiet["reward_hacking"] == 0 and quiet["falling"] == []
+    assert alarms.hacking_warning(quiet) is None
+    hacked = alarms.check_hacking(config, BASE, moved(BASE, HACKED_END))
+    assert hacked["reward_hacking"] == 1 and hacked["falling"] == ["shapes-aesthetic"]
+    assert hacked["trained_change"] == pytest.approx(-0.012)
+    warning = alarms.hacking_warning(hacked)
+    assert "shapes-aesthetic -0.0370" in warning and "did not rise (-0.0120)" in warning
+    rose = alarms.check_hacking(config, BASE, moved(BASE, {"shapes-compliance": 0.2, "shapes-aesthetic": -0.05}))
+    assert rose["reward_hacking"] == 1 and "rose (+0.2000)" in alarms.hacking_warning(rose)
+    # a fall just inside the limit is quiet, whatever the trained reward did; nothing held out: no record
+    for trained in (0.3, 0.0, -0.2):
+        within = alarms.check_hacking(config, BASE, moved(BASE, {"shapes-compliance": trained,
+                                                                 "shapes-aesthetic": -0.029}))
+        assert within["reward_hacking"] == 0
+    nothing_held_out = resolve_config("shapes-tiny", "sol_rl", TINY + [("eval.rewards", ["shapes-compliance"])])
+    assert alarms.check_hacking(nothing_held_out, BASE, moved(BASE, HACKED_END)) is None
+    off = resolve_config("shapes-tiny", "sol_rl", TINY + [("alarms.hacking.enabled", False)])
+    assert alarms.check_hacking(off, BASE, moved(BASE, HACKED_END)) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, fires", [(MAKE_RUN_END, False), (HACKED_END, True)])
+def test_a_run_warns_on_the_hacked_trade_off_and_not_on_make_runs(tmp_path, monkeypatch, change, fires):
+    """A run whose trained evaluations land where make run's default job ended prints no warning;
+    one that lands where the lr 3e-3 run ended does, in its log, metrics.jsonl and MLflow's metrics."""
+    honest = stages.evaluate
+    seen = {}
+
+    def landing(state, adapter=stages.EMA):
+        rewards, images = honest(state, adapter)
+        if adapter is None:  # the base model
+            seen.update(rewards)
+            return rewards, images
+        return moved(seen, change), images
+
+    monkeypatch.setattr(stages, "evaluate", landing)
+    config = resolve_config("shapes-tiny", "sol_rl", TINY + [("iterations", 1), ("eval.every", 1)])
+    lines = []
+    run_training(config, tmp_path / "run", log=lines.append)
+    record = metrics_of(tmp_path / "run")[0]
+    assert record["alarms"]["reward_hacking"] == int(fires)
+    assert flatten_metrics(record)["alarms/reward_hacking"] == int(fires)
+    assert any("warning: reward hacking" in line for line in lines) == fires
 
 
 def test_every_evaluation_of_a_run_records_the_held_out_change_since_the_base(tmp_path):
@@ -80,8 +131,9 @@ def test_every_evaluation_of_a_run_records_the_held_out_change_since_the_base(tm
             record["eval"]["shapes-aesthetic"] - base["shapes-aesthetic"])
         assert record_alarms["trained_change"] == pytest.approx(
             record["eval"]["shapes-compliance"] - base["shapes-compliance"])
-        rising_and_falling = record_alarms["trained_change"] > 0 and record_alarms["held_out_change"]["shapes-aesthetic"] < -0.01
-        assert record_alarms["reward_hacking"] == int(rising_and_falling)
+        beyond_the_limit = record_alarms["held_out_change"]["shapes-aesthetic"] < -config.alarms.hacking.margin
+        assert record_alarms["reward_hacking"] == int(beyond_the_limit)
+        assert record_alarms["fall_limit"] == {"shapes-aesthetic": config.alarms.hacking.margin}
 
 
 def test_a_run_whose_policy_hacks_the_trained_reward_is_flagged(tmp_path, monkeypatch):

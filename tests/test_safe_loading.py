@@ -369,6 +369,14 @@ def test_documented_server_commands_bind_to_loopback():
     assert any(re.search(r"mlflow (ui|server)", line) for line in readme_lines)
 
 
+def test_server_commands_of_the_docs_pages_bind_to_loopback():
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    lines = [line for page in pages for line in _server_lines(page.read_text(encoding="utf-8"))]
+    assert any("prefect server start" in line for line in lines), "no docs page documents a prefect server"
+    assert all(LOOPBACK in line for line in lines), [line for line in lines if LOOPBACK not in line]
+    assert not [page.name for page in pages if "0.0.0.0" in page.read_text(encoding="utf-8")]
+
+
 def test_server_commands_the_code_prints_bind_to_loopback():
     for path in SOURCES:
         for text in _string_constants(path):
