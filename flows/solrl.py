@@ -20,6 +20,7 @@ from solrl_core.config import Config, ConfigError, parse_override
 from solrl_core.distributed import DEFAULT_TIMEOUT_S, under_torchrun
 from solrl_core.launch import Launch, checked
 from solrl_core.presets import resolve_config
+from solrl_core.run_lock import LOCK_FILE
 from solrl_core.training import run_training
 from tasks.runner import PrefectStageRunner, quiet_task_logs
 
@@ -35,7 +36,8 @@ def resolve(preset: str, family: str, iterations: int | None, overrides: list[st
 def output_directory(out: str | None, config: Config) -> Path:
     """``out``, or ``runs/<preset>/<family>/<flow run name>``; it must be new or empty."""
     path = Path(out or f"runs/{config.preset}/{config.family}/{flow_run.get_name() or 'local'}").expanduser().resolve()
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    # A lock file a killed run left behind is no output (its lock died with it).
+    if path.exists() and (not path.is_dir() or any(entry.name != LOCK_FILE for entry in path.iterdir())):
         raise ValueError(f"output directory {path} is not a new or empty directory; choose a new out")
     return path
 
@@ -112,6 +114,7 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
     from pydantic_core import to_jsonable_python
 
     from solrl_core import launch as launching
+    from solrl_core import run_lock
     from solrl_core.checkpoint import require_resumable_world
     from solrl_core.distributed import require_shardable
     from solrl_core.ledger import SUMMARY_FILE
@@ -130,7 +133,9 @@ def train_on_ranks(launch: Launch, config: Config, out_dir: Path, overrides: lis
         serialized = serialize_context()
         serialized.get("flow_run_context", {}).pop("flow", None)
         context.write_text(json.dumps(to_jsonable_python(serialized)), encoding="utf-8")
-        outcome = launching.start(launch, arguments, {launching.PREFECT_CONTEXT_VARIABLE: str(context)})
+        # A flow run started by `solrl run` holds the folder already: rank 0 writes under its lock.
+        outcome = launching.start(launch, arguments, {launching.PREFECT_CONTEXT_VARIABLE: str(context),
+                                                      **run_lock.environment_for_children(out_dir)})
     if outcome.returncode != 0:
         sys.stdout.write(outcome.stderr[-4000:])  # into the flow run's log, for whoever reads it
         raise RuntimeError(outcome.rank_error or f"torchrun exited with code {outcome.returncode}")
@@ -204,14 +209,19 @@ class _CurrentStdout:
 
 class _DropUserErrorTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        import errno
+
         from solrl_core.models.loading import ModelFilesMissing
 
         from solrl_core.checkpoint import CheckpointError
+        from solrl_core.command_errors import UserError
         from solrl_core.config import ConfigError
 
-        # User errors get one line from the CLI; Prefect's copy of their traceback is noise.
-        return not (record.exc_info and isinstance(record.exc_info[1], (ModelFilesMissing, CheckpointError,
-                                                                        ConfigError)))
+        # User errors and a full disk get one line from the CLI; Prefect's copy of their traceback
+        # is noise (a full disk's is no bug to report: the line names the file and the cause).
+        error = record.exc_info[1] if record.exc_info else None
+        full_disk = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+        return not (full_disk or isinstance(error, (ModelFilesMissing, CheckpointError, ConfigError, UserError)))
 
 
 def _console_to(stream) -> None:

@@ -12,7 +12,13 @@ The ledger and metrics are appended before the checkpoint of their iteration is 
 killed in between leaves rows of an iteration the checkpoint does not cover. Resuming drops them
 (the resumed run writes them again, identically) and checks that what remains is exactly what the
 checkpoint recorded: the counts, then the digests, naming the file and the first iteration that
-differs.
+differs. A metrics line too damaged to read is dropped the same way when the checkpoint does not
+cover it, and refused, by file and line, when it does.
+
+The checkpoint also records a sha256 of its own tensors and metadata (:data:`DIGEST_KEY`), as the
+final adapter file does of its tensors: a safetensors file checks only its header, so bytes
+flipped in the tensor data would otherwise be trained on (or sampled from) silently. Every reader
+verifies it (:func:`load_checkpoint`, :func:`load_verified`).
 
 Everything else a run needs is a pure function of the config and these tensors: seeds, prompts,
 noises and training timesteps derive from hashed seeds, and the explorer is requantized from the
@@ -38,6 +44,7 @@ from solrl_core.distributed import current as current_world, require_same_world
 from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines
 from solrl_core.mappings import changed_settings
 from solrl_core.presets import validate
+from solrl_core.run_lock import LOCK_FILE
 
 CHECKPOINT = "checkpoint.safetensors"
 FORMAT = 1
@@ -47,6 +54,8 @@ _ADAPTERS, _OPTIMIZER, _RNG = "adapters/", "optimizer/", "rng/"
 _EARLY_OUTPUTS = ("samples_base.png", "mlflow_run.json", f".{CHECKPOINT}.", ".solrl-write-probe")
 # Keys a resumed run may change: how long it runs and whether it draws progress bars.
 RESUMABLE_CHANGES = ("iterations", "progress")
+# safetensors metadata key of a file's content digest (files written before it have none, and are read unverified).
+DIGEST_KEY = "sha256"
 
 
 class CheckpointError(RuntimeError):
@@ -98,8 +107,10 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
     }
     path = out_dir / CHECKPOINT
 
+    text = json.dumps(metadata)
+
     def write(temporary: str) -> None:
-        save_file(tensors, temporary, metadata={"solrl": json.dumps(metadata)})
+        save_file(tensors, temporary, metadata={"solrl": text, DIGEST_KEY: tensors_digest(tensors, text)})
         faults.point("checkpoint")  # written in full, not yet in place
 
     atomic_write(path, write)
@@ -173,6 +184,38 @@ def line_digest(line: str) -> str:
     return hashlib.sha256(line.encode("utf-8")).hexdigest()
 
 
+def tensors_digest(tensors: dict[str, torch.Tensor], text: str = "") -> str:
+    """sha256 of every tensor's name, dtype, shape and bytes (in name order), then ``text``: what
+    a file holds, whatever order safetensors lays it out in."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode("utf-8"))
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    digest.update(text.encode("utf-8"))
+    return digest.hexdigest()
+
+
+def load_verified(path: Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A safetensors file's tensors and metadata, refused in one line (a :class:`CheckpointError`
+    naming it) when unreadable or when its content differs from the digest it recorded."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise CheckpointError(f"{path} is not a readable {what} ({one_line_error(error)})") from None
+    recorded = metadata.get(DIGEST_KEY)
+    if recorded is not None and recorded != tensors_digest(tensors, metadata.get("solrl", "")):
+        raise CheckpointError(f"{path} is damaged: its contents differ from the digest it recorded when written; "
+                              f"restore it from a copy, or start a new run")
+    return tensors, metadata
+
+
+def one_line_error(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading and resuming
 
@@ -197,7 +240,8 @@ def read_metadata(out_dir: Path) -> dict:
 def _no_checkpoint(out_dir: Path) -> str:
     """What to do with a directory that has no checkpoint: a run killed before its first one (it
     writes it after the base evaluation) trained nothing, so it is started again, not resumed."""
-    names = sorted(entry.name for entry in out_dir.iterdir())
+    # A lock file a killed run left behind is no output: its lock died with the run.
+    names = sorted(entry.name for entry in out_dir.iterdir() if entry.name != LOCK_FILE)
     if not names:
         return f"cannot resume: {out_dir} is empty (no {CHECKPOINT}); start a new run with --out {out_dir}"
     if not any(name.startswith(_EARLY_OUTPUTS) for name in names):
@@ -215,11 +259,22 @@ def require_resumable_world(out_dir: Path, world_size: int) -> None:
 
 
 def load_checkpoint(out_dir: Path) -> Checkpoint:
+    """The checkpoint, its tensors verified against the digest it recorded."""
     metadata = read_metadata(out_dir)
+    tensors = require_intact(out_dir)
     return Checkpoint(next_iteration=metadata["next_iteration"], optimizer_steps=metadata["optimizer_steps"],
                       config=metadata["config"], base_eval=metadata["base_eval"], gpu_hours=metadata["gpu_hours"],
                       ledger_row_count=metadata["ledger_rows"], metrics_line_count=metadata["metrics_lines"],
-                      digests=metadata.get("digests"), tensors=load_file(str(out_dir / CHECKPOINT)) | {"_param_groups": metadata["param_groups"]})
+                      digests=metadata.get("digests"), tensors=tensors | {"_param_groups": metadata["param_groups"]})
+
+
+def require_intact(out_dir: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, refused in one line when they differ from its recorded digest
+    (the CLI checks before Prefect starts; the training loop checks what it loads)."""
+    try:
+        return load_verified(out_dir / CHECKPOINT, "Sol-RL checkpoint")[0]
+    except CheckpointError as error:
+        raise CheckpointError(f"cannot resume: {error}") from None
 
 
 def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
@@ -284,14 +339,14 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
     records that remain. Raises when what remains is not what the checkpoint recorded."""
     ledger_path, metrics_path = out_dir / LEDGER_FILE, out_dir / METRICS_FILE
     kept = pl.DataFrame()
-    if ledger_path.exists():
-        ledger = pl.read_parquet(ledger_path)
+    ledger = _readable_ledger(ledger_path, checkpoint)
+    if ledger is not None:
         kept = ledger.filter(pl.col("iteration") < checkpoint.next_iteration)
         if kept.height != ledger.height:
             atomic_write(ledger_path, lambda temporary: kept.write_parquet(temporary))
     rows = kept.height
     lines = metrics_lines(metrics_path)
-    covered = [(line, record) for line, record in zip(lines, map(json.loads, lines))
+    covered = [(line, record) for line, record in _readable_records(metrics_path, lines, checkpoint)
                if record["iteration"] < checkpoint.next_iteration]
     records = [record for _, record in covered]
     if rows != checkpoint.ledger_row_count or len(records) != checkpoint.metrics_line_count:
@@ -307,6 +362,43 @@ def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
         text = "".join(line + "\n" for line, _ in covered)
         atomic_write(metrics_path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
     return records
+
+
+def _readable_ledger(path: Path, checkpoint: Checkpoint) -> pl.DataFrame | None:
+    """The ledger, or None when there is none to keep: absent, or unreadable while the checkpoint
+    covers none of its rows (then it is dropped like any uncovered row). Unreadable with rows
+    the checkpoint covers, it is refused: those rows cannot be rewritten."""
+    if not path.exists():
+        return None
+    try:
+        return pl.read_parquet(path)
+    except Exception as error:  # noqa: BLE001 - polars raises several kinds for a damaged file
+        if checkpoint.ledger_row_count == 0:
+            path.unlink()
+            return None
+        raise CheckpointError(f"cannot resume: {path} is damaged ({one_line_error(error)}) and holds the "
+                              f"{checkpoint.ledger_row_count} rows the checkpoint covers; restore it from a "
+                              f"copy, or start a new run") from None
+
+
+def _readable_records(path: Path, lines: list[str], checkpoint: Checkpoint) -> list[tuple[str, dict]]:
+    """(line, record) of each metrics line. A line that is no JSON record (a write cut short) past
+    the lines the checkpoint covers is dropped like any uncovered line; inside them it is refused,
+    naming the file and the line."""
+    readable = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+                raise ValueError("not a metrics record")
+        except ValueError:
+            if number > checkpoint.metrics_line_count:
+                continue
+            raise CheckpointError(f"cannot resume: line {number} of {path} is damaged (not a complete metrics "
+                                  f"record) and the checkpoint covers it; restore the file from a copy, or start "
+                                  f"a new run") from None
+        readable.append((line, record))
+    return readable
 
 
 def _require_recorded(path: Path, found: list[str], recorded: list[str], what: str, verb: str,

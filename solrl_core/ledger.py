@@ -6,6 +6,7 @@ null is visibly missing, a NaN silently poisons every mean computed over the col
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -122,7 +123,7 @@ def atomic_write(path: Path, write) -> None:
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(descriptor)
     try:
-        write(temporary)
+        _write_naming_a_full_disk(write, temporary, path)
         faults.point(f"write:{path.name}")
         _fsync(temporary)
         os.replace(temporary, path)
@@ -132,6 +133,24 @@ def atomic_write(path: Path, write) -> None:
             error.filename = str(path)  # the output that could not be written, for the one-line error
         raise
     fsync_directory(path.parent)
+
+
+def _write_naming_a_full_disk(write, temporary: str, path: Path) -> None:
+    """``write(temporary)``; a full disk, which safetensors and polars report as errors of their own
+    ("... No space left on device (os error 28)"), raised as the OSError it is, naming ``path``:
+    the CLI's one line for a full disk, whichever library was writing."""
+    try:
+        write(temporary)
+    except OSError:
+        raise
+    except Exception as error:
+        if not _says_disk_full(str(error)):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+
+
+def _says_disk_full(message: str) -> bool:
+    return f"os error {errno.ENOSPC})" in message or os.strerror(errno.ENOSPC) in message
 
 
 def _fsync(path: str) -> None:

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 from torchvision.utils import save_image
 
-from solrl_core import alarms, distributed, faults, stages
+from solrl_core import alarms, distributed, faults, run_lock, stages
 from solrl_core.accounting import sample_flops
 from solrl_core.distributed import current as current_world
-from solrl_core.checkpoint import (CHECKPOINT, Checkpoint, discard_temporaries, load_checkpoint, require_finite,
-                                   restore, rewind_outputs, save_checkpoint)
+from solrl_core.checkpoint import (CHECKPOINT, DIGEST_KEY, Checkpoint, discard_temporaries, load_checkpoint,
+                                   require_finite, restore, rewind_outputs, save_checkpoint, tensors_digest)
 from solrl_core.config import Config, to_dict
 from solrl_core.ledger import LEDGER_FILE, LORA_FILE, METRICS_FILE, SUMMARY_FILE
 from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_frame, write_json
@@ -150,7 +150,18 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
 
     Under torchrun every rank runs this loop on its shard; rank 0 alone writes files and calls
     the observers (the other ranks' ``observers`` are ignored).
+
+    Rank 0 holds the folder's lock (solrl_core.run_lock) throughout, whoever started the loop (the
+    CLI, which took it already, or a deployment's flow run): one writer per run folder.
     """
+    if not current_world().is_main:
+        return _run_training(config, out_dir, log, runner, observers, resume)
+    with run_lock.held(out_dir):
+        return _run_training(config, out_dir, log, runner, observers, resume)
+
+
+def _run_training(config: Config, out_dir: Path, log: Callable[[str], None], runner: StageRunner,
+                  observers: list[RunObserver], resume: bool) -> dict:
     started = time.perf_counter()
     main = current_world().is_main
     observers = observers if main else ()
@@ -275,11 +286,12 @@ def _evaluate(state, runner, observers, grid_path: Path, iteration: int, adapter
 
 
 def save_adapters(path: Path, state: stages.RunState) -> None:
-    """The LoRA adapters as safetensors, written to a temporary name and renamed into place."""
+    """The LoRA adapters as safetensors, written to a temporary name and renamed into place, with
+    the digest of their tensors that every reader checks (checkpoint.load_verified)."""
     tensors = adapter_state(state.policy.transformer)
     require_finite(tensors)
-    atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata={"preset": state.config.preset,
-                                                                                 "family": state.config.family}))
+    metadata = {"preset": state.config.preset, "family": state.config.family, DIGEST_KEY: tensors_digest(tensors)}
+    atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata=metadata))
 
 
 def save_grid(path: Path, images: torch.Tensor, config: Config) -> None:

@@ -16,6 +16,8 @@ non-finite weight):
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -31,6 +33,8 @@ from solrl_core.rewards import registry
 from solrl_core.world.rewards import shapes_compliance
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = ["-S", "prompts_per_iteration=2", "-S", "pool=8", "-S", "keep=4", "-S", "eval.prompts=2",
          "-S", "eval.seeds_per_prompt=2", "-S", "eval.steps=4", "-S", "eval.every=2", "-S", "explore.steps=3",
@@ -286,3 +290,74 @@ def test_only_the_stages_that_read_the_state_retry_once():
     retries = {name: task.retries for name, task in STAGE_TASKS.items()}
     assert retries == {"load": 0, "quantize": 0, "explore": 1, "rank": 1, "regenerate": 1, "update": 0,
                        "requantize": 0, "evaluate": 1}
+
+
+def test_a_full_disk_reported_by_a_writing_library_is_the_oserror_it_is(tmp_path):
+    """safetensors and polars report ENOSPC as errors of their own; the run's one line names the
+    file and the cause whichever library was writing, and the previous file stays."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from solrl_core.ledger import atomic_write
+
+    target = tmp_path / "checkpoint.safetensors"
+    target.write_bytes(b"previous")
+
+    def full(temporary):
+        Path(temporary).write_bytes(b"half")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError) as raised:
+        atomic_write(target, full)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    assert target.read_bytes() == b"previous" and sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def _tiny_filesystem_available() -> bool:
+    try:
+        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _tiny_filesystem_available(), reason="needs unshare -rm and a tmpfs mount (a mount namespace)")
+def test_a_really_full_disk_is_one_line_and_the_folder_resumes_after_a_copy(tmp_path):
+    """The issue's case on a real file system: a 600 KiB tmpfs holds the base evaluation's
+    checkpoint but not the next one beside it. One line on the terminal, no traceback; the folder
+    copied elsewhere resumes."""
+    import shutil
+
+    mount, copy = tmp_path / "small-disk", tmp_path / "copy"
+    mount.mkdir()
+    out = mount / "run"
+    run = (f"mount -t tmpfs -o size=600k tmpfs {mount} && {sys.executable} -m flows.cli run --preset shapes-tiny "
+           f"--family sol_rl --iterations {ITERATIONS} --out {out} --no-tracking "
+           f"{' '.join(SMALL[:-2])}; code=$?; cp -a {out} {copy}; exit $code")
+    finished = subprocess.run(["unshare", "-rm", "sh", "-c", run], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert finished.returncode == 1, finished.stderr[-3000:]
+    line = finished.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith("solrl: error: run failed: could not write "), line
+    assert "No space left on device" in line and f"resume with `solrl run --resume {out}`" in line
+    assert "Traceback" not in finished.stdout + finished.stderr
+    assert not list(copy.glob(".*")), "no temporary file is left behind"
+    assert read_metadata(copy)["next_iteration"] >= 0
+    assert main(["run", "--resume", str(copy), "--no-tracking"]) == 0
+    assert (copy / "summary.json").is_file() and finite_lora(copy)
+
+
+def test_a_resume_that_fails_before_any_progress_does_not_advise_itself_again(untroubled, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The advice of a failed resume that got no further than its checkpoint is to fix the cause,
+    not the command that just failed."""
+    monkeypatch.setitem(registry.REWARDS, "flaky", flaky_record(FlakyReward))
+    out = tmp_path / "run"
+    monkeypatch.setenv(faults.ENVIRONMENT, "raise@update:1")
+    assert run(out) == 1
+    assert f"resume with `solrl run --resume {out}`" in one_error_line(capsys), "the first failure may resume"
+    faults.reset()
+    assert resume(out) == 1  # the same fault strikes again in iteration 1
+    err = one_error_line(capsys)
+    assert "this resume got no further than its checkpoint (1 iterations done" in err and "--resume" not in err

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from solrl_core.checkpoint import CHECKPOINT, read_metadata
+from solrl_core.run_lock import LOCK_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,8 @@ def test_killed_run_resumes_bit_identical(reference, tmp_path, point, iteration)
     assert not (out / "summary.json").exists()
     # The checkpoint on disk is the last complete one: never past the iteration the kill struck in.
     assert read_metadata(out)["next_iteration"] <= iteration
-    assert run_process(out, resume=True) == 0
+    assert (out / LOCK_FILE).exists(), "the killed run held the folder; its lock died with it"
+    assert run_process(out, resume=True) == 0  # at once: no lock to wait for or remove
     assert_identical(outputs(out), reference)
     assert not list(out.glob(".*")), "the resumed run leaves no temporary files behind"
 
@@ -120,6 +122,8 @@ def test_killed_before_the_first_checkpoint_has_nothing_to_resume(tmp_path, caps
     assert "samples_base.png" in err and f"reuse --out {out}" in err
     # Doing what it says works: with the listed files deleted, the same --out starts afresh.
     for leftover in out.iterdir():
+        if leftover.name == LOCK_FILE:  # the killed run's lock died with it; the file is no output
+            continue
         assert leftover.name == "samples_base.png" or leftover.name.startswith(".checkpoint.safetensors.")
         leftover.unlink()
     assert run_process(out, "iterations=1") == 0 and read_metadata(out)["next_iteration"] == 1
@@ -252,3 +256,56 @@ def test_an_untouched_run_passes_the_digest_check(finished_run, tmp_path):
     assert metadata["digests"]["ledger.parquet"] == iteration_digests(pl.read_parquet(finished_run / "ledger.parquet"))
     lines = (finished_run / "metrics.jsonl").read_text().splitlines()
     assert metadata["digests"]["metrics.jsonl"] == [line_digest(line) for line in lines]
+
+
+def test_resume_refuses_a_checkpoint_with_flipped_bytes_naming_it(finished_run, tmp_path, capsys):
+    """A few bytes flipped in the tensor data (the header intact) load without complaint from
+    safetensors; the digest the checkpoint recorded of its tensors refuses them."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    data = bytearray((damaged / CHECKPOINT).read_bytes())
+    middle = 8 + int.from_bytes(data[:8], "little") + (len(data) - 8 - int.from_bytes(data[:8], "little")) // 2
+    data[middle:middle + 4] = bytes(byte ^ 0xFF for byte in data[middle:middle + 4])
+    (damaged / CHECKPOINT).write_bytes(bytes(data))
+    err = _resume_refusal(damaged, capsys)
+    assert f"{damaged / CHECKPOINT} is damaged" in err and "resume" not in err.split(" is damaged")[1]
+
+
+def test_the_final_adapters_are_verified_by_their_reader(finished_run, tmp_path):
+    from solrl_core.checkpoint import CheckpointError, load_verified
+
+    tensors, _ = load_verified(finished_run / "lora.safetensors", "adapter file")
+    assert tensors.keys() == load_file(str(finished_run / "lora.safetensors")).keys()
+    data = bytearray((finished_run / "lora.safetensors").read_bytes())
+    data[-3] ^= 0x01
+    (tmp_path / "lora.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'lora.safetensors'} is damaged"):
+        load_verified(tmp_path / "lora.safetensors", "adapter file")
+
+
+def test_a_damaged_metrics_line_the_checkpoint_covers_is_refused_by_file_and_line(finished_run, tmp_path, capsys):
+    """The issue's case: the last line cut mid-record; the checkpoint covers it, so nothing can
+    restore it, and the line says so rather than advising the resume that just failed."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(finished_run, cut)
+    text = (cut / "metrics.jsonl").read_text()
+    (cut / "metrics.jsonl").write_text(text[: len(text) // 2])
+    err = _resume_refusal(cut, capsys)
+    assert f"line 1 of {cut / 'metrics.jsonl'} is damaged" in err and "--resume" not in err
+
+
+def test_a_damaged_metrics_line_past_the_checkpoint_is_dropped_like_any_uncovered_line(finished_run, tmp_path):
+    """A run killed while appending (a file system without atomic rename, a copy cut short)
+    leaves a partial line after what its checkpoint covers: resuming drops it and redoes it."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(finished_run, cut)
+    with (cut / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"iteration": 1, "explore_rew')
+    assert run_process(cut, "iterations=2", resume=True) == 0
+    assert [json.loads(line)["iteration"] for line in (cut / "metrics.jsonl").read_text().splitlines()] == [0, 1]
