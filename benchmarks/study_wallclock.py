@@ -173,7 +173,7 @@ def fidelity_estimate(params: dict, config, seconds: dict) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import yaml
+    from solrl_core.safe_input import load_yaml
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     use_threads(args)
     study = load_study(Path(args.params))
-    params = yaml.safe_load(Path(args.params).read_text())
+    params = load_yaml(Path(args.params))  # within the same bounds load_study read it by
     # stage -> (its config, the budget it is sized to: the comparison's, or its ablation's own)
     runs = {f"train@{family}-{seed}": (family_config(study, family), study.budget_of())
             for family in study.families for seed in study.seeds}

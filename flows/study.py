@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solrl_core.config import ConfigError, parse_override
+from solrl_core.config import ConfigError, parse_override, shown
+from solrl_core.safe_input import load_yaml, path_component
 
 # params.yaml's keys; the fidelity stage passes its own section to `solrl fidelity` itself.
 STUDY_KEYS = ("preset", "settings", "families", "seeds", "compare", "ablations", "fidelity")
@@ -56,23 +57,17 @@ class Study:
 
 def load_study(path: Path) -> Study:
     """params.yaml as a Study, every section checked; a problem is one ConfigError naming the key."""
-    import yaml
-
-    try:
-        params = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read it ({error.strerror or error}); run from the project folder") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    # Bounded in size and depth, strictly UTF-8: a binary or absurd file is one line naming it.
+    params = load_yaml(path)
     where = path.name
     params = _mapping(params, where)
     unknown = [key for key in params if key not in STUDY_KEYS]
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(STUDY_KEYS)} "
+        raise ConfigError(f"{where}: unknown key {shown(unknown[0], 40)}; allowed: {', '.join(STUDY_KEYS)} "
                           f"(config keys every run shares go under settings:)")
     compare = _mapping(params.get("compare"), f"{where}: compare")
     budget = _positive(compare.get("budget_gpu_hours"), f"{where}: compare.budget_gpu_hours")
-    return Study(preset=_text(params.get("preset"), f"{where}: preset"),
+    return Study(preset=path_component(_text(params.get("preset"), f"{where}: preset"), f"{where}: preset"),
                  settings=_mapping(params.get("settings", {}), f"{where}: settings"),
                  families=_families(params.get("families"), where),
                  seeds=_seeds(params.get("seeds"), f"{where}: seeds"),
@@ -90,26 +85,27 @@ def _mapping(value: Any, where: str) -> dict:
 
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a name, got {value!r}")
+        raise ConfigError(f"{where}: expected a name, got {shown(value, 40)}")
     return value
 
 
 def _positive(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(f"{where}: expected a positive number, got {value!r}")
+        raise ConfigError(f"{where}: expected a positive number, got {shown(value, 40)}")
     return float(value)
 
 
 def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: expected a whole number >= 1, got {value!r}")
+        raise ConfigError(f"{where}: expected a whole number >= 1, got {shown(value, 40)}")
     return value
 
 
 def _seeds(value: Any, where: str) -> list[int]:
     if (not isinstance(value, list) or not value
             or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in value)):
-        raise ConfigError(f"{where}: expected a list of run seeds from 0 to 2**63-1, e.g. [0, 1, 2], got {value!r}")
+        raise ConfigError(f"{where}: expected a list of run seeds from 0 to 2**63-1, e.g. [0, 1, 2], "
+                          f"got {shown(value, 40)}")
     if len(set(value)) != len(value):
         raise ConfigError(f"{where}: each seed once; a repeated seed would train the same run twice")
     return value
@@ -122,16 +118,20 @@ def _families(value: Any, where: str) -> dict[str, dict[str, Any]]:
     if not families:
         raise ConfigError(f"{where}: families: name at least one of {', '.join(FAMILIES)}")
     for name, settings in families.items():
+        # Each entry's name becomes its runs' folder, root/runs/<name>: one safe component.
+        path_component(name, f"{where}: families")
         settings = _mapping(settings if settings is not None else {}, f"{where}: families.{name}")
         base = settings.get(VARIANT_OF)
         if base is None and name not in FAMILIES:
-            raise ConfigError(f"{where}: families: unknown family {name!r}; allowed: {', '.join(FAMILIES)} "
+            raise ConfigError(f"{where}: families: unknown family {shown(name, 40)}; "
+                              f"allowed: {', '.join(FAMILIES)} "
                               f"(or a variant of one: its own name, with {VARIANT_OF}: <family> among its keys)")
         if base is not None and base not in FAMILIES:
-            raise ConfigError(f"{where}: families.{name}.{VARIANT_OF}: unknown family {base!r}; "
+            raise ConfigError(f"{where}: families.{name}.{VARIANT_OF}: unknown family {shown(base, 40)}; "
                               f"allowed: {', '.join(FAMILIES)}")
         if base is not None and name in FAMILIES and base != name:
-            raise ConfigError(f"{where}: families.{name}: a family's own entry cannot be a variant of {base!r}; "
+            raise ConfigError(f"{where}: families.{name}: a family's own entry cannot be a variant of "
+                              f"{shown(base, 40)}; "
                               f"give the variant a name of its own")
     return {name: settings or {} for name, settings in families.items()}
 
@@ -155,14 +155,19 @@ def _ablations(value: Any, where: str, default_budget: float) -> dict[str, dict[
     ablations = _mapping(value, f"{where}: ablations")
     for name, section in ablations.items():
         if name not in ABLATION_KEYS:
-            raise ConfigError(f"{where}: ablations: unknown ablation {name!r}; allowed: {', '.join(ABLATION_KEYS)}")
+            raise ConfigError(f"{where}: ablations: unknown ablation {shown(name, 40)}; "
+                              f"allowed: {', '.join(ABLATION_KEYS)}")
         section = _mapping(section, f"{where}: ablations.{name}")
         points = section.get("points")
         if not isinstance(points, list) or not points or len(set(map(str, points))) != len(points):
-            raise ConfigError(f"{where}: ablations.{name}.points: expected a list of distinct values, got {points!r}")
+            raise ConfigError(f"{where}: ablations.{name}.points: expected a list of distinct values, "
+                              f"got {shown(points, 40)}")
+        for point in points:  # a point names its runs' folder, ablation-<name>/runs/<name>=<point>
+            path_component(str(point) if isinstance(point, (int, float, str)) else point,
+                           f"{where}: ablations.{name}.points")
         unknown = [key for key in section if key not in ("points", "seeds", "budget_gpu_hours")]
         if unknown:
-            raise ConfigError(f"{where}: ablations.{name}: unknown key {unknown[0]!r}; "
+            raise ConfigError(f"{where}: ablations.{name}: unknown key {shown(unknown[0], 40)}; "
                               f"allowed: points, seeds, budget_gpu_hours")
         budget = section.get("budget_gpu_hours", default_budget)
         ablations[name] = {"points": points, "seeds": _seeds(section.get("seeds"), f"{where}: ablations.{name}.seeds"),

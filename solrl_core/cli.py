@@ -5,6 +5,10 @@ checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, 
 written. A run that fails after it started (a stage failing past its retries, a full disk, a
 non-finite weight) ends with exit code 1 and one line saying where its last good checkpoint is.
 
+A flag that is short for a setting (`--iterations N` for `-S iterations=N`, `solrl compare --device D`
+for `-S accounting.device=D`) may be given beside that setting only with the same value: a conflict
+is a user error, not one of them silently winning.
+
 `solrl run` trains through the Prefect flow, which this library does not import: the console
 script (flows/cli.py) passes the flow's entry points in as :class:`FlowRunners`.
 """
@@ -23,18 +27,24 @@ from pathlib import Path
 
 from solrl_core import distributed
 from solrl_core import launch as launching
-from solrl_core.checkpoint import CheckpointError, read_metadata, require_resumable_world, resumed_run
-from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path
+from solrl_core import run_lock
+from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable_world,
+                                   resumed_run)
+from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path, with_flag
 from solrl_core.command_errors import RUN_FAILED, USER_ERROR, RunFailed, UserError
 from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
 from solrl_core.launch import PREFECT_CONTEXT_VARIABLE, from_arguments
 from solrl_core.launch import add_arguments as add_scale_out_arguments
+from solrl_core.output_folder import new_output_directory, writable_or_raise
 from solrl_core.models.loading import ModelFilesMissing  # model and reward-model files alike
 from solrl_core.models.registry import check_model_files, resolve_device
+from solrl_core.preflight import preflight, problems, report
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 from solrl_core.quant.backends import BackendUnavailable, check_runs_here
 from solrl_core.report import print_summary
 from solrl_core.rewards.registry import check_reward_files
+from solrl_core.sample import add_arguments as add_sample_arguments
+from solrl_core.sample import command_sample
 from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
 __all__ = ["FlowRunners", "RUN_FAILED", "USER_ERROR", "RunFailed", "UserError", "main"]
@@ -70,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train with one family on one preset")
     _add_config_arguments(run)
-    run.add_argument("--iterations", type=int, help="iterations to run (same as -S iterations=N)")
+    run.add_argument("--iterations", type=int,
+                     help="iterations to run (short for -S iterations=N; giving both, they must agree)")
     run.add_argument("--out", help="new output directory (ledger.parquet, metrics.jsonl, summary.json, checkpoint)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue the interrupted run in DIR from its last checkpoint (its own config; "
@@ -91,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--seed", type=int, default=None, help="seed of the scenes, the weights and the noise (default 0)")
     pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")
     add_study_commands(commands)  # fidelity, compare
+
+    check = commands.add_parser("check", help="preflight of `solrl run` with the same arguments (loads no weights)")
+    _add_config_arguments(check)
+    check.add_argument("--iterations", type=int, help="as for `solrl run`")
+    check.add_argument("--out", help="the output directory `solrl run` would get: checked to be new and writable")
+
+    add_sample_arguments(commands.add_parser("sample", help="draw images from a run's adapters"))
     return parser
 
 
@@ -101,10 +119,14 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override any config key, e.g. -S pool=48 -S explore.steps=4")
 
 
+def overrides_from_args(args: argparse.Namespace) -> list[tuple]:
+    """-S settings, then --iterations (which must agree with any -S iterations=)."""
+    return with_flag([parse_override(text) for text in args.overrides], "--iterations", "iterations",
+                     getattr(args, "iterations", None))
+
+
 def resolve_from_args(args: argparse.Namespace):
-    overrides = [parse_override(text) for text in args.overrides]
-    if getattr(args, "iterations", None) is not None:
-        overrides.append(("iterations", args.iterations))
+    overrides = overrides_from_args(args)
     # None is "not given"; an empty name is an error resolve_config reports, not the default.
     return resolve_config("shapes-tiny" if args.preset is None else args.preset,
                           "sol_rl" if args.family is None else args.family, overrides)
@@ -129,9 +151,13 @@ def command_run(args: argparse.Namespace, runners: FlowRunners | None = None) ->
     if args.resume:
         if args.out:
             raise UserError("--resume DIR continues the run in DIR; leave out --out")
-        output_path(args.resume, "--resume", directory=True)  # a path that names no place: one line
+        resume_dir = output_path(args.resume, "--resume", directory=True)  # a path that names no place: one line
+        if writer:  # a folder another run is writing: say so, not what its half-written files look like
+            run_lock.require_free(resume_dir)
+        overrides_from_args(args)  # --iterations against -S iterations=, before the checkpoint is read
         config, out_dir = resumed_run(args.resume, args.preset, args.family, args.iterations, args.overrides)
         require_resumable_world(out_dir, world_size)
+        require_intact(out_dir)  # flipped bytes in the tensors: one line now, not after Prefect starts
     else:
         if not args.out:
             raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
@@ -154,21 +180,26 @@ def _flow_runners(runners: FlowRunners | None) -> FlowRunners:
 
 def _run_one_process(args: argparse.Namespace, config, out_dir: Path, runners: FlowRunners | None) -> int:
     """The Prefect flow in this process (also rank 0 of a torchrun job started from the CLI)."""
+    resumed_from = read_metadata(out_dir)["next_iteration"] if args.resume else None
     try:
         # Cheap file checks first, so missing weights stop the run before Prefect starts.
         check_model_files(config.model)
         check_explorer_backend(config)
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
         writable_or_raise(out_dir)
-        # The Prefect flow (every stage a task), started only once the config and the output
-        # directory are known to be good.
-        run_locally = _flow_runners(runners).run_locally
-        parameters = dict(iterations=args.iterations, overrides=list(args.overrides), tracking=not args.no_tracking,
-                          tracking_uri=args.tracking_uri)
-        if args.resume:
-            summary = run_locally(resume=str(out_dir), preset=args.preset, family=args.family, **parameters)
-        else:
-            summary = run_locally(preset=config.preset, family=config.family, out=str(out_dir), **parameters)
+        # One writer per folder, from before Prefect starts (a second run stops at once) to the end.
+        with run_lock.held(out_dir):
+            if not args.resume:  # again under the lock: a run started beside this one may have written
+                new_output_directory(str(out_dir))
+            # The Prefect flow (every stage a task), started only once the config and the output
+            # directory are known to be good.
+            run_locally = _flow_runners(runners).run_locally
+            parameters = dict(iterations=args.iterations, overrides=list(args.overrides),
+                              tracking=not args.no_tracking, tracking_uri=args.tracking_uri)
+            if args.resume:
+                summary = run_locally(resume=str(out_dir), preset=args.preset, family=args.family, **parameters)
+            else:
+                summary = run_locally(preset=config.preset, family=config.family, out=str(out_dir), **parameters)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None
     except (UserError, ConfigError, CheckpointError):
@@ -176,7 +207,7 @@ def _run_one_process(args: argparse.Namespace, config, out_dir: Path, runners: F
     except Exception as failure:  # noqa: BLE001 - a stage failing past its retries, a full disk, a non-finite weight
         if os.environ.get("SOLRL_TRACEBACK"):  # for bug reports: the full story on stderr
             traceback.print_exception(failure)
-        raise RunFailed(_failure_line(failure, out_dir)) from None
+        raise RunFailed(_failure_line(failure, out_dir, resumed_from)) from None
     print_summary(summary)
     if "mlflow" in summary:
         print(f"MLflow run {summary['mlflow']['run_id']}; reward vs GPU-hours: {summary['mlflow']['ui']}")
@@ -199,7 +230,9 @@ def _start_torchrun(args, launch, config, out_dir: Path, writer: bool) -> int:
                                         out=None if args.resume else out_dir,
                                         resume=out_dir if args.resume else None, tracking=not args.no_tracking,
                                         tracking_uri=args.tracking_uri)
-    outcome = launching.start(launch, arguments)
+    # This launcher holds the folder for the job's whole life; rank 0 writes under its lock.
+    with run_lock.held(out_dir) if writer else contextlib.nullcontext():
+        outcome = launching.start(launch, arguments, run_lock.environment_for_children(out_dir))
     if outcome.returncode == 0:
         sys.stderr.write(outcome.stderr)
         return 0
@@ -248,34 +281,9 @@ def _run_main_rank(args, config, out_dir: Path, runners: FlowRunners | None) -> 
     return _run_one_process(args, config, out_dir, runners)
 
 
-def new_output_directory(text: str) -> Path:
-    out_dir = output_path(text, "--out", directory=True)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"output directory {out_dir} is not empty; choose a new --out (or --resume it)")
-    return out_dir
-
-
-def writable_or_raise(out_dir: Path) -> None:
-    """Create ``out_dir`` if needed and write a probe file in it: an unwritable place (a file on the
-    path, no permission, a read-only or full disk) is one line before the run starts, not a crash
-    after an hour of exploring. A directory this check created is removed again on failure."""
-    created = [parent for parent in (out_dir, *out_dir.parents) if not parent.exists()]
-    probe = out_dir / ".solrl-write-probe"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"0" * 4096)
-        probe.unlink()
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            probe.unlink(missing_ok=True)
-            for directory in created:
-                if directory.exists():
-                    directory.rmdir()
-        raise UserError(f"cannot write to output directory {out_dir}: {error.strerror or error}; "
-                        "choose a writable place with free space") from None
-
-
-def _failure_line(failure: BaseException, out_dir: Path) -> str:
+def _failure_line(failure: BaseException, out_dir: Path, resumed_from: int | None = None) -> str:
+    """The one line of a failed run; ``resumed_from``: the checkpoint's iteration when the run
+    was itself a resume, whose failure before any progress is not cured by resuming again."""
     what = f"{type(failure).__name__}: {failure}".splitlines()[0]
     if isinstance(failure, OSError) and failure.filename:
         what = f"could not write {failure.filename}: {failure.strerror}"
@@ -284,6 +292,10 @@ def _failure_line(failure: BaseException, out_dir: Path) -> str:
     except CheckpointError:
         return f"run failed: {what}; nothing to resume (no checkpoint in {out_dir})"
     done, ranks = metadata["next_iteration"], int(metadata.get("world_size", 1))
+    if done == resumed_from:
+        return (f"run failed: {what}; this resume got no further than its checkpoint ({done} iterations done, "
+                f"kept in {out_dir}): resuming again fails the same way until the cause is fixed "
+                f"(SOLRL_TRACEBACK=1 shows where it failed)")
     on_ranks = f" on {ranks} ranks (the same --nproc-per-node / --nnodes)" if ranks > 1 else ""
     return (f"run failed: {what}; the last good checkpoint ({done} iterations done) is in {out_dir}: "
             f"resume with `solrl run --resume {out_dir}`{on_ranks}")
@@ -316,7 +328,15 @@ def command_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, **STUDY_COMMANDS}
+def command_check(args: argparse.Namespace) -> int:
+    """Every finding on stdout; exit code 2 when any of them stops the run from starting."""
+    findings = preflight(resolve_from_args(args), args.out)
+    print(report(findings), end="")
+    return USER_ERROR if problems(findings) else 0
+
+
+COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, "check": command_check,
+            "sample": command_sample, **STUDY_COMMANDS}
 
 
 def _is_main_rank() -> bool:

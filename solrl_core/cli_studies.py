@@ -12,6 +12,7 @@ import os
 import shlex
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides,
 from solrl_core.accounting import DEVICE_PROFILES
 from solrl_core.adaptive import schedule_problem
 from solrl_core.command_errors import RunFailed
-from solrl_core.config import MAX_COUNT, ConfigError, parse_override
+from solrl_core.config import MAX_COUNT, ConfigError, parse_override, shown
 from solrl_core.fidelity import FidelityPlan, format_result, parse_schedules, plot_fidelity, run_fidelity
 from solrl_core.models.loading import ModelFilesMissing
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
@@ -90,6 +91,20 @@ def _name_list(text: str, flag: str, allowed) -> list[str]:
     if unknown:
         raise ConfigError(f"{flag}: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
     return list(dict.fromkeys(values))
+
+
+def with_flag(overrides: list[tuple[str, Any]], flag: str, key: str, value: Any) -> list[tuple[str, Any]]:
+    """The -S overrides, then the flag's own setting when it is given. The rule: a flag is short for
+    ``-S key=value``, so both may be given only when they agree; a conflict is one line, never one
+    of them silently (``--iterations 3 -S iterations=-1`` ran 3 iterations, unchecked)."""
+    if value is None:
+        return overrides
+    # Of several -S settings of one key the last wins, so the flag must agree with that one.
+    given = [setting for given_key, setting in overrides if given_key == key]
+    if given and given[-1] != value:
+        raise ConfigError(f"{flag} {shown(value, 40)} and -S {key}={shown(given[-1], 40)} disagree; {flag} is "
+                          f"short for -S {key}=..., so give one of them")
+    return [*overrides, (key, value)]
 
 
 def one_value_each(args: argparse.Namespace) -> None:
@@ -227,9 +242,8 @@ def command_compare(args: argparse.Namespace) -> int:
     _count(args.evaluations, "--evaluations", 1)
     seeds = _seed_list(args.seeds)
     also_profiles = _profile_list(args.also_profile)
-    overrides = [parse_override(text) for text in args.overrides]
-    if args.device is not None:
-        overrides.append(("accounting.device", args.device))
+    overrides = with_flag([parse_override(text) for text in args.overrides], "--device", "accounting.device",
+                          args.device)
     if args.ablation is not None:
         if args.ablation not in ABLATIONS:
             raise ConfigError(f"unknown --ablation '{args.ablation}'; allowed: {', '.join(ABLATIONS)}")

@@ -6,6 +6,7 @@ import importlib
 from pathlib import Path
 
 from solrl_core.config import Config, ConfigError
+from solrl_core.safe_input import clip, read_lines
 from solrl_core.world.captions import held_out_prompts
 from solrl_core.world.captions import training_prompts as world_training_prompts
 
@@ -55,7 +56,9 @@ def _check_grammar(file: Path, lines: list[tuple[int, str]], key: str, reward: s
         try:
             parse(prompt)
         except ValueError as error:
-            raise ConfigError(f"{key}: line {number} of {file} cannot be read by the reward '{reward}' ({error}); "
+            # The parser's message quotes the whole line: a short prefix of it is enough.
+            raise ConfigError(f"{key}: line {number} of {file} cannot be read by the reward '{reward}' "
+                              f"({clip(str(error))}); "
                               f"write one prompt per line, each {expected}") from None
 
 
@@ -73,20 +76,18 @@ def read_prompt_file(path: str, key: str) -> list[str]:
 
 
 def _prompt_lines(path: str, key: str) -> tuple[Path, list[tuple[int, str]]]:
-    """The resolved file and its prompts with their line numbers (from 1; blank lines skipped)."""
+    """The resolved file and its prompts with their line numbers (from 1; blank lines skipped),
+    read within safe_input's bounds (file size, line length, UTF-8)."""
     file = prompt_file_path(path, key)
     try:
         if file.is_dir():
             raise ConfigError(f"{key}: {file} is a directory; give a text file with one prompt per line")
-        if not file.is_file():
+        if not file.exists():  # a FIFO or a device exists: the reader says what it is
             raise ConfigError(f"{key}: no file at {file}; give a text file with one prompt per line")
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{key}: {file} is not UTF-8 text ({error.reason} at byte {error.start}); "
-                          "give a text file with one prompt per line") from None
-    except OSError as error:
+    except OSError as error:  # a path too long to stat, a loop of links
         raise ConfigError(f"{key}: cannot read {file}: {error.strerror or error}") from None
-    prompts = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    lines = read_lines(file, f"{key}: {file}")
+    prompts = [(number, line.strip()) for number, line in lines if line.strip()]
     if not prompts:
         raise ConfigError(f"{key}: {file} holds no prompts; give one prompt per line")
     return file, prompts

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flows.study import ablation_config, family_config, family_of, load_study, main
 from solrl_core.ablations import ABLATION_KEYS, ABLATIONS
-from solrl_core.config import get_key
+from solrl_core.config import ConfigError, get_key
 from solrl_core.presets import FAMILIES
 from tests._services import ROOT
 
@@ -159,3 +161,149 @@ def test_a_family_variant_trains_as_its_family_with_its_own_keys_and_is_compared
 
     page = write_readme(root).read_text()
     assert "sol_rl_fp8, a variant of sol_rl (params.yaml)" in page and "sol_rl_fp8 − sol_rl" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# params.yaml is untrusted input (issue 45): a name that becomes a folder never leads out of the
+# study's root, and a malformed file (deep, binary, huge, an alias bomb) is one line naming it.
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """A name that slipped through would train (and write where it names): fail instead."""
+    import solrl_core.compare
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run started although its params were invalid")
+
+    monkeypatch.setattr(solrl_core.compare, "run_variant", refuse)
+
+
+TRAVERSAL_NAMES = ["/tmp/solrl-outside", "../escape", "..", ".", "a/b", "a\\b", "x" * 65, "", "sol rl", "é", 7]
+
+
+def _variant_named(name):
+    def change(params):
+        params["families"][name] = {"family": "sol_rl"}
+    return change
+
+
+@pytest.mark.parametrize("name", TRAVERSAL_NAMES, ids=repr)
+def test_a_family_name_that_is_not_one_folder_is_one_line_naming_the_key(tmp_path, capsys, no_training, name):
+    """Was: root/"runs"/<name> built unchecked; an absolute name or '..' put the run outside --root."""
+    params = write_params(tmp_path, _variant_named(name))
+    before = sorted(tmp_path.iterdir())
+    assert main(["run", "--params", str(params), "--root", str(tmp_path / "pipeline"), "--family", str(name),
+                 "--seed", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "families" in error and "not a usable name" in error, error
+    assert sorted(tmp_path.iterdir()) == before and not Path("/tmp/solrl-outside").exists()
+
+
+@pytest.mark.parametrize("point", ["../../escape", "/abs", "..", [1, 2], None], ids=repr)
+def test_an_ablation_point_that_is_not_one_folder_is_one_line_naming_the_key(tmp_path, capsys, no_training,
+                                                                             point):
+    params = write_params(tmp_path, lambda p: p["ablations"]["pool"].update(points=[6, point]))
+    before = sorted(tmp_path.iterdir())
+    assert main(["run", "--params", str(params), "--root", str(tmp_path / "pipeline"), "--ablation", "pool",
+                 "--point", str(point), "--seed", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "ablations.pool.points" in error and "not a usable name" in error, error
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_preset_name_that_is_not_one_folder_is_refused(tmp_path, capsys, no_training):
+    params = write_params(tmp_path, lambda p: p.update(preset="../" * 30 + "shapes-tiny"))
+    assert main(["run", "--params", str(params), "--root", str(tmp_path / "r"), "--family", "sol_rl",
+                 "--seed", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "preset" in error and len(error) < 300, error
+
+
+ALIAS_BOMB = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else 'x'] * 10)}]\n" for i in range(9))
+
+
+def _write(text: str | bytes):
+    def write(path: Path) -> None:
+        (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    return write
+
+
+def _sparse(size: int):
+    def write(path: Path) -> None:
+        with open(path, "wb") as handle:
+            handle.truncate(size)
+    return write
+
+
+BAD_FILES = {  # how the file is made, what the one line must say
+    "nested_10000_deep": (_write("settings: " + "[" * 10_000 + "]" * 10_000 + "\n"), ["line 1", "nested deeper"]),
+    "mapping_nested_deep": (_write("".join(" " * i + "a:\n" for i in range(200))), ["nested deeper"]),
+    "binary": (_write(Path("/bin/ls").read_bytes()[:65536]), ["line 1", "not UTF-8"]),
+    "latin1_on_line_3": (_write(b"preset: shapes-tiny\nseeds: [0]\nfamilies: {caf\xe9: {}}\n"),
+                         ["line 3", "not UTF-8"]),
+    "huge_sparse_4gb": (_sparse(4 * 2**30), ["4.0 GiB", "at most"]),
+    "just_over_the_bound": (_write("#" * (4 * 2**20) + "\n"), ["at most"]),
+    "alias_bomb": (_write(ALIAS_BOMB), ["aliases are expanded"]),
+    "alias_loop": (_write("settings: &a {x: *a}\n"), ["loop"]),
+    "nul_character": (_write("preset: shapes-tiny\nseeds: [0\x00]\n"), ["line 2", "not allowed"]),
+    "integer_of_9000_digits": (_write("seeds: [" + "9" * 9000 + "]\n"), ["number too long"]),
+    "python_tag": (_write("settings: !!python/object/apply:os.system [echo hi]\n"), ["line 1", "not valid YAML"]),
+    "tab_indent": (_write("settings:\n\tpool: 4\n"), ["line 2", "not valid YAML"]),
+    "huge_unknown_key": (_write("? " + "k" * 100_000 + "\n: 1\n"), ["unknown key"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_a_malformed_params_file_is_one_short_line_naming_it(tmp_path, capsys, no_training, name):
+    """Were: a RecursionError traceback of ~3000 lines (10 000 levels deep), a UnicodeDecodeError
+    traceback (/bin/ls), a MemoryError (4 GB); now each is one line naming the file, exit 2."""
+    make, needles = BAD_FILES[name]
+    params = tmp_path / "params.yaml"
+    try:
+        make(params)
+        code = main(["run", "--params", str(params), "--root", str(tmp_path / "pipeline"), "--family", "sol_rl",
+                     "--seed", "0"])
+    finally:
+        params.unlink()  # a 4 GB file, even a sparse one, is not left behind
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1 and len(error) < 400, error[:1000]
+    assert error.startswith("study: error: ") and "params.yaml" in error and "Traceback" not in error
+    for needle in needles:
+        assert needle in error, (needle, error)
+    assert not (tmp_path / "pipeline").exists()
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "directory", "missing"])
+def test_params_that_are_not_a_regular_file_are_one_line(tmp_path, capsys, target):
+    """/dev/zero would be read forever (and a FIFO would wait forever) were it opened as a file."""
+    path = {"directory": str(tmp_path), "missing": str(tmp_path / "nope.yaml")}.get(target, target)
+    assert main(["run", "--params", path, "--root", str(tmp_path / "r"), "--family", "sol_rl", "--seed", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and path in error, error
+
+
+NAME_TEXT = st.text(st.characters(categories=["L", "N", "P", "S", "Z", "Cc"]), max_size=70)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.one_of(NAME_TEXT, st.sampled_from(["..", ".", "/", "~", "a/../..", "C:\\x", "-", "a.b_c-1"])))
+def test_any_family_name_is_refused_or_names_one_folder_inside_the_root(tmp_path, name):
+    """The property behind the cases above: whatever a families key is, the study refuses it, or its
+    runs' folder is one safe component directly under root/runs."""
+    from flows.study import variant_dir
+
+    params = tmp_path / "params.yaml"
+    study = yaml.safe_load((ROOT / "params-ci.yaml").read_text())
+    study["families"][name] = {"family": "sol_rl"}
+    params.write_text(yaml.safe_dump(study))
+    try:
+        loaded = load_study(params)
+    except ConfigError as error:
+        assert "\n" not in str(error) and len(str(error)) < 400
+        assert "families" in str(error)
+        return
+    root = tmp_path / "root"
+    folder = variant_dir(root, name)
+    assert folder.parent == root / "runs" and folder.resolve().parent == (root / "runs").resolve()
+    assert name in loaded.families and name not in (".", "..")

@@ -39,7 +39,7 @@ import solrl_core.quant.explorer
 import solrl_core.report  # noqa: F401
 import solrl_core.report_readme  # noqa: F401
 import solrl_core.rewards.registry
-from solrl_core import cli_studies
+from solrl_core import cli, cli_studies
 from solrl_core.accounting import DEVICE_PROFILES
 from flows.cli import main
 from solrl_core.cli import build_parser
@@ -793,6 +793,82 @@ def test_cli_unknown_argument_with_newline_is_one_line(capsys):
 def test_cli_empty_preset_or_family_is_refused(capsys, flag, value):
     code, out, err = invoke(capsys, ["config", f"{flag}={value}"])
     assert_user_error(code, out, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 45: a flag and the -S setting it is short for, and prompt files as untrusted input
+
+
+@settings(CI, max_examples=60)
+@given(flag=st.integers(min_value=1, max_value=MAX_COUNT),
+       setting=st.one_of(st.integers(), ANY_TEXT.filter(lambda text: _one_line(text) and _loaded(text) is not BROKEN)))
+def test_iterations_flag_against_a_different_setting_exits_2(capsys, tmp_path, flag, setting):
+    """Was: `--iterations 3 -S iterations=-1` ran 3 iterations, the setting never looked at. The
+    rule (solrl_core/cli.py): a flag is short for its -S setting, so the two must agree."""
+    assume(_loaded(str(setting)) != flag)
+    out_dir = tmp_path / f"run-{COUNTS['flag against setting']}"
+    for argv in (["run", "--out", str(out_dir), "--iterations", str(flag), "-S", f"iterations={setting}"],
+                 ["run", "--out", str(out_dir), "-S", f"iterations={setting}", "--iterations", str(flag)],
+                 ["run", "--resume", str(tmp_path), "--iterations", str(flag), "-S", f"iterations={setting}"]):
+        code, out, err = invoke(capsys, argv)
+        assert_user_error(code, out, err, "--iterations", "disagree")
+        assert not out_dir.exists()
+    count("flag against setting", "exit 2")
+
+
+def test_a_flag_and_a_setting_that_agree_are_one_setting():
+    args = build_parser().parse_args(["run", "--out", "x", "--iterations", "5", "-S", "iterations=5"])
+    assert cli.resolve_from_args(args).iterations == 5
+    # Of several -S settings of a key the last wins, so that is the one the flag must agree with (a
+    # deployment hands its ranks the preset's settings, the user's, then --iterations).
+    args = build_parser().parse_args(["run", "--out", "x", "-S", "iterations=3", "-S", "iterations=2",
+                                      "--iterations", "2"])
+    assert cli.resolve_from_args(args).iterations == 2
+
+
+def test_compare_device_flag_against_a_different_setting_exits_2(capsys, tmp_path):
+    code, out, err = invoke(capsys, ["compare", "--budget-gpu-hours", "1e-5", "--out", str(tmp_path / "c"),
+                                     "--device", "B200", "-S", "accounting.device=H100"])
+    assert_user_error(code, out, err, "--device 'B200'", "accounting.device='H100'", "disagree")
+    assert not (tmp_path / "c").exists()
+
+
+def _sparse_file(path, size):
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+
+
+UNTRUSTED_PROMPT_FILES = {  # how the file is made, what the one line must say
+    "sparse_4gb": (lambda path: _sparse_file(path, 4 * 2**30), ["4.0 GiB", "at most"]),
+    "one_1mb_line": (lambda path: path.write_text("a" * 2**20 + "\n"), ["line 1", "longer than"]),
+    "long_line_after_good_ones": (lambda path: path.write_text(f"{SHAPES_CAPTION}\n" * 3 + "b" * 9000),
+                                  ["line 4", "longer than"]),
+    "binary": (lambda path: path.write_bytes(bytes(range(256)) * 64), ["line 2", "not UTF-8"]),  # byte 10 ends line 1
+    "latin1_on_line_3": (lambda path: path.write_bytes(f"{SHAPES_CAPTION}\n\ncaf\xe9\n".encode("latin-1")),
+                         ["line 3", "not UTF-8"]),
+    "fifo": (lambda path: os.mkfifo(path), ["not a regular file"]),
+    # a line the grammar refuses, just under the line bound: the message quotes a prefix of it
+    "ungrammatical_8k_line": (lambda path: path.write_text("x" * 8000 + "\n"), ["line 1", "shapes-compliance"]),
+}
+SHAPES_CAPTION = "a large red circle at the top left on a white background"
+
+
+@pytest.mark.parametrize("key", ["prompts.train_file", "prompts.eval_file"])
+@pytest.mark.parametrize("name", list(UNTRUSTED_PROMPT_FILES))
+def test_untrusted_prompt_files_are_one_short_line(capsys, tmp_path, key, name):
+    """Were: a MemoryError traceback (a 4 GB file is read whole), a 1 MB line echoed twice (2 MB on
+    the terminal); a FIFO would have hung the command. Now each is one line of at most 400
+    characters, naming the key, the file and the line."""
+    make, needles = UNTRUSTED_PROMPT_FILES[name]
+    target = tmp_path / "prompts.txt"
+    make(target)
+    try:
+        check_invalid_everywhere(capsys, tmp_path, "untrusted prompt files", ["-S", f"{key}={target}"])
+        code, out, err = invoke(capsys, ["config", "-S", f"{key}={target}"])
+    finally:
+        target.unlink()  # a 4 GB file, even a sparse one, is not left behind
+    assert_user_error(code, out, err, key, str(target), *needles)
+    assert len(err) - len(str(target)) < 400, err[:1000]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,8 +50,9 @@ class ModelPreset:
 class ModelSpec:
     loader: str  # the name ``model.loader`` holds
     load: Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy]
-    # Raises ModelFilesMissing (one line) when the files are missing or of the wrong kind; loads nothing heavy.
-    check_files: Callable[[ModelConfig], None]
+    # The file or folder the model loads from; raises ModelFilesMissing (one line) when the files are
+    # missing or of the wrong kind; loads nothing heavy.
+    check_files: Callable[[ModelConfig], Path]
     # None: the embedded world, whose run preset is presets.PRESETS["shapes-tiny"].
     preset: ModelPreset | None = None
 
@@ -62,14 +64,14 @@ def _load_shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dty
     return load_shapes_tiny(model.path, device, dtype)
 
 
-def _check_tiny_files(model: ModelConfig) -> None:
-    check_tiny_checkpoint(model.path)
+def _check_tiny_files(model: ModelConfig) -> Path:
+    return check_tiny_checkpoint(model.path)
 
 
-def _folder_check(pipeline: PipelineModel) -> Callable[[ModelConfig], None]:
+def _folder_check(pipeline: PipelineModel) -> Callable[[ModelConfig], Path]:
     """A real model's files check: headers and file layout only (no import of diffusers)."""
-    def check(model: ModelConfig) -> None:
-        resolve_model_dir(pipeline, model.path)
+    def check(model: ModelConfig) -> Path:
+        return resolve_model_dir(pipeline, model.path)
 
     return check
 
@@ -151,15 +153,16 @@ def model_spec(loader: str) -> ModelSpec:
     return MODELS[loader]
 
 
-def check_model_files(model: ModelConfig) -> None:
-    """Raise ModelFilesMissing now if the model's files are missing or of the wrong kind, for
-    callers that want to fail before starting heavier machinery. Real models: headers and file
+def check_model_files(model: ModelConfig) -> Path:
+    """The file or folder the model will load from (the preflight names it). Raise ModelFilesMissing
+    now if the model's files are missing or of the wrong kind, for callers that want to fail before
+    starting heavier machinery. Real models: headers and file
     layout only (no import of diffusers, nothing loaded). The embedded world: its 2.4 MB checkpoint
     is loaded into the architecture it declares, which is what catches another model's weights."""
-    model_spec(model.loader).check_files(model)
+    return model_spec(model.loader).check_files(model)
 
 
-def check_tiny_checkpoint(path: str) -> None:
+def check_tiny_checkpoint(path: str) -> Path:
     """The embedded world's checkpoint (``model.path``, else the committed one) must be one
     safetensors file with its architecture in the metadata; only the header is read."""
     file = local_path(path) if path else SHAPES_TINY_CHECKPOINT
@@ -183,6 +186,7 @@ def check_tiny_checkpoint(path: str) -> None:
     from solrl_core.models.shapes_tiny import read_checkpoint
 
     read_checkpoint(file)
+    return file
 
 
 def resolve_device(name: str) -> torch.device:

@@ -106,6 +106,21 @@ def auto_choice(capability: Capability | None, transformer_engine: bool) -> str:
     return "emulated-nvfp4"
 
 
+def auto_reason(device: torch.device) -> str:
+    """Why ``auto`` picks what :func:`auto_choice` picks on ``device``, in words (the preflight's
+    line); kept beside the rule so the two cannot drift apart."""
+    capability, transformer_engine = device_capability(device), transformer_engine_importable()
+    found = _device_words(device, capability)
+    choice = auto_choice(capability, transformer_engine)
+    if choice == "te-nvfp4":
+        return f"{found} is sm_100+ and Transformer Engine is installed"
+    if choice == "fp8" and capability >= FP4_CAPABILITY:
+        return f"{found} is Blackwell, but te-nvfp4 needs Transformer Engine (pip install -e '.[gpu]')"
+    if choice == "fp8":
+        return f"{found} has FP8 tensor cores (sm_89+), not FP4 ones (sm_100+)"
+    return f"{found}: no FP8 or FP4 tensor cores (fp8 needs sm_89+, te-nvfp4 sm_100+ with Transformer Engine)"
+
+
 def transformer_engine_importable() -> bool:
     # find_spec, not an import: importing TE initialises CUDA and takes seconds.
     return importlib.util.find_spec("transformer_engine") is not None

@@ -151,12 +151,19 @@ def vision_architecture(state: dict[str, torch.Tensor]) -> dict[str, int]:
             "num_heads": max(1, width // VIT_HEAD_WIDTH)}
 
 
+def tokenizer_folder(folder: Path | None) -> Path:
+    """Where BLIP's tokenizer is read from: a tokenizer/ folder inside the ImageReward folder, else
+    its own folder (SOLRL_IMAGEREWARD_TOKENIZER_PATH or the cache); ModelFilesMissing when neither.
+    ``folder`` None: the ImageReward folder itself is missing (the preflight still asks for both)."""
+    local = folder / "tokenizer" if folder is not None else None
+    return local if local is not None and (local / "vocab.txt").is_file() else BERT_TOKENIZER.resolve()
+
+
 def load_tokenizer(folder: Path):
     """BLIP's init_tokenizer, from local files: BERT uncased plus [DEC] (bos) and [ENC]."""
     from transformers import BertTokenizer  # deferred: transformers at import time (as above)
 
-    local = folder / "tokenizer"
-    tokenizer_dir = local if (local / "vocab.txt").is_file() else BERT_TOKENIZER.resolve()
+    tokenizer_dir = tokenizer_folder(folder)
     tokenizer = BertTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     tokenizer.add_special_tokens({"bos_token": "[DEC]"})
     tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
@@ -22,8 +23,8 @@ import torch
 from solrl_core.rewards._local import LocalFiles
 from solrl_core.rewards.clipscore import CLIPSCORE, load_clipscore
 from solrl_core.rewards.hpsv2 import HPSV2, load_hpsv2
-from solrl_core.rewards.imagereward import IMAGEREWARD, load_imagereward
-from solrl_core.rewards.pickscore import PICKSCORE, load_pickscore
+from solrl_core.rewards.imagereward import IMAGEREWARD, load_imagereward, tokenizer_folder
+from solrl_core.rewards.pickscore import PICKSCORE, load_pickscore, processor_folder
 from solrl_core.world.rewards import shapes_aesthetic, shapes_compliance
 
 
@@ -43,6 +44,10 @@ class RewardSpec:
     scoring_flops: float
     # FP32 parameters on the device while it scores, for the memory model (0: analytic).
     parameters: int
+    # Files found beside the checkpoint folder or through their own variable (ImageReward's
+    # tokenizer, PickScore's processor): (what, folder they are read from given the checkpoint
+    # folder or None), so the preflight asks for them before the loader would.
+    companion: tuple[str, Callable[[Path | None], Path]] | None = None
 
     def __call__(self, path: str = "", offload: bool = False) -> Reward:
         """The reward itself, loaded (``path`` and ``offload`` only mean something with files)."""
@@ -63,9 +68,11 @@ def _analytic(function: Reward) -> Callable[[], Reward]:
 REWARDS: dict[str, RewardSpec] = {spec.name: spec for spec in (
     RewardSpec("shapes-compliance", _analytic(shapes_compliance), None, 0.0, 0),
     RewardSpec("shapes-aesthetic", _analytic(shapes_aesthetic), None, 0.0, 0),
-    RewardSpec("imagereward", load_imagereward, IMAGEREWARD, 2 * (304e6 * 197 + 110e6 * 35), 446_665_953),
+    RewardSpec("imagereward", load_imagereward, IMAGEREWARD, 2 * (304e6 * 197 + 110e6 * 35), 446_665_953,
+               companion=("tokenizer", tokenizer_folder)),
     RewardSpec("hpsv2", load_hpsv2, HPSV2, 2 * (632e6 * 257 + 354e6 * 77), 986_109_441),
-    RewardSpec("pickscore", load_pickscore, PICKSCORE, 2 * (632e6 * 257 + 354e6 * 77), 986_109_441),
+    RewardSpec("pickscore", load_pickscore, PICKSCORE, 2 * (632e6 * 257 + 354e6 * 77), 986_109_441,
+               companion=("processor", processor_folder)),
     RewardSpec("clipscore", load_clipscore, CLIPSCORE, 2 * (304e6 * 257 + 123e6 * 77), 427_616_513),
 )}
 
