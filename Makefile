@@ -57,7 +57,7 @@ repro: $(STAMP)
 	$(BIN)/dvc repro
 
 pretrain: $(STAMP)
-	$(BIN)/solrl pretrain --preset shapes-tiny
+	$(BIN)/solrl pretrain --preset shapes-tiny --overwrite-packaged
 
 clean-venv:
 	rm -rf $(VENV)

@@ -20,6 +20,7 @@ from solrl_core.config import Config, ConfigError, parse_override
 from solrl_core.distributed import DEFAULT_TIMEOUT_S, under_torchrun
 from solrl_core.launch import Launch, checked
 from solrl_core.presets import resolve_config
+from solrl_core.recipes import merged
 from solrl_core.run_lock import LOCK_FILE
 from solrl_core.training import run_training
 from tasks.runner import PrefectStageRunner, quiet_task_logs
@@ -47,7 +48,8 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
           overrides: list[str] | None = None, out: str | None = None, tracking: bool = True,
           tracking_uri: str | None = None, resume: str | None = None, nproc_per_node: int = 1,
           nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-          rank_timeout: float = DEFAULT_TIMEOUT_S, keep_eval_images: bool = False) -> dict:
+          rank_timeout: float = DEFAULT_TIMEOUT_S, keep_eval_images: bool = False,
+          config_file: str | None = None) -> dict:
     """Train one family on one preset (default ``shapes-tiny`` / ``sol_rl``).
 
     ``overrides`` are ``key=value`` strings exactly as ``solrl run -S`` takes them (YAML values).
@@ -59,11 +61,19 @@ def solrl(preset: str | None = None, family: str | None = None, iterations: int 
     stage as a task run of this flow run, the other ranks the same loop unreported (see
     solrl_core/distributed.py; the multi-node settings are those of `solrl run`).
 
+    ``config_file``: a YAML config as `solrl run --config` takes it (relative to the flow run's
+    working folder), merged after the preset and family and before ``overrides``.
+
     ``keep_eval_images`` also writes the base and latest evaluation images as `solrl compare`
     does, so that a comparison reuses the run (a sweep's point, flows/sweep.py; one rank only).
     """
     from solrl_core.models.loading import ModelFilesMissing
 
+    if config_file and resume:
+        raise ConfigError("config_file: a resumed run continues with its own config; leave config_file out")
+    # The file becomes overrides ahead of the given ones, as on the command line: every later
+    # step (torchrun's ranks included) resolves the same config from plain key=value settings.
+    preset, family, overrides = merged(config_file or None, preset, family, overrides or [], iterations)
     launch = checked(Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                             rdzv_endpoint=rdzv_endpoint, rank_timeout=rank_timeout))
     trainer = train

@@ -1,9 +1,12 @@
-"""The `solrl` command: run, pretrain, config.
+"""The `solrl` command: run, check, config, presets, families, pretrain, sample, fidelity, compare.
 
 User errors (bad config, unknown names, missing model files, an unwritable output directory, a
 checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, before anything is
 written. A run that fails after it started (a stage failing past its retries, a full disk, a
 non-finite weight) ends with exit code 1 and one line saying where its last good checkpoint is.
+
+`--config FILE` (run, check, config) is a recipe (solrl_core.recipes): what `solrl config` prints,
+merged after the preset and family and before `-S`, so `-S` wins.
 
 A flag that is short for a setting (`--iterations N` for `-S iterations=N`, `solrl compare --device D`
 for `-S accounting.device=D`) may be given beside that setting only with the same value: a conflict
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from solrl_core import distributed
 from solrl_core import launch as launching
-from solrl_core import run_lock
+from solrl_core import recipes, run_lock
 from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable_world,
                                    resumed_run)
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path, with_flag
@@ -100,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--steps", type=int, default=None, help="optimizer steps (default 4000)")
     pretrain.add_argument("--heads", type=int, default=None, help="attention heads of 16 channels (default 4: width 64)")
     pretrain.add_argument("--seed", type=int, default=None, help="seed of the scenes, the weights and the noise (default 0)")
-    pretrain.add_argument("--out", default=None, help="checkpoint path (default: the committed one)")
+    pretrain.add_argument("--out", default=None,
+                          help="checkpoint file to write (required unless --overwrite-packaged)")
+    pretrain.add_argument("--overwrite-packaged", action="store_true",
+                          help=f"allow writing the packaged base {_packaged_name()} (the default --out then); "
+                               "every run of the embedded world starts from it")
     add_study_commands(commands)  # fidelity, compare
 
     check = commands.add_parser("check", help="preflight of `solrl run` with the same arguments (loads no weights)")
@@ -109,14 +116,40 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", help="the output directory `solrl run` would get: checked to be new and writable")
 
     add_sample_arguments(commands.add_parser("sample", help="draw images from a run's adapters"))
+    commands.add_parser("presets", help="list the presets, each with its description")
+    commands.add_parser("families", help="list the method families, each with its description")
     return parser
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default=None, help=f"one of: {', '.join(PRESETS)} (default shapes-tiny)")
-    parser.add_argument("--family", default=None, help=f"one of: {', '.join(FAMILIES)} (default sol_rl)")
+    parser.add_argument("--preset", default=None,
+                        help="preset name (default shapes-tiny; `solrl presets` lists them with descriptions)")
+    parser.add_argument("--family", default=None,
+                        help="method family (default sol_rl; `solrl families` lists them with descriptions)")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="YAML config, as `solrl config` prints it: applied after the preset and family, "
+                             "before -S (so -S wins); its preset/family, if named, must agree with --preset/--family")
     parser.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. -S pool=48 -S explore.steps=4")
+
+
+def _packaged_name() -> str:
+    try:
+        return str(SHAPES_TINY_CHECKPOINT.relative_to(Path.cwd()))
+    except ValueError:  # run from another folder: the whole path
+        return str(SHAPES_TINY_CHECKPOINT)
+
+
+def apply_config_file(args: argparse.Namespace) -> None:
+    """``--config FILE`` becomes the preset, family and -S settings it stands for (its settings
+    ahead of the user's -S), so every later step, the flow's and torchrun's ranks' included,
+    resolves the same config from ordinary arguments."""
+    if getattr(args, "config", None) is None:
+        return
+    if getattr(args, "resume", None):
+        raise UserError("--resume DIR continues the run with its own config; leave out --config")
+    args.preset, args.family, args.overrides = recipes.merged(args.config, args.preset, args.family,
+                                                              args.overrides, getattr(args, "iterations", None))
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[tuple]:
@@ -313,19 +346,59 @@ def command_pretrain(args: argparse.Namespace) -> int:
     for name in ("steps", "heads"):  # checked before the model stack is imported
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} ({getattr(args, name)}) must be >= 1")
-    out = output_path(args.out, "--out", directory=False, kind="checkpoint file") if args.out else None
+    out = pretrain_output(args.out, args.overwrite_packaged)
     # deferred: diffusers at import time (start-up of every solrl command)
     from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain
 
     chosen = {name: getattr(args, name) for name in ("steps", "heads", "seed") if getattr(args, name) is not None}
     settings = replace(PretrainSettings(), **chosen)
-    out = out or SHAPES_TINY_CHECKPOINT
     try:
         record = pretrain(out, settings)
     except PretrainError as error:
         raise UserError(str(error)) from None
     print(f"pretrained in {record['seconds']}s, final loss {record['final_loss']:.4f}; wrote {out}")
     return 0
+
+
+def pretrain_output(out: str | None, overwrite_packaged: bool) -> Path:
+    """The checkpoint `solrl pretrain` writes. The packaged base is what every embedded-world run,
+    test and study starts from, and rebuilding it takes minutes: it is written only on request."""
+    if out is None:
+        if not overwrite_packaged:
+            raise UserError(f"--out FILE is required (a checkpoint to write); to rebuild the packaged base "
+                            f"{_packaged_name()}, give --overwrite-packaged")
+        return SHAPES_TINY_CHECKPOINT
+    path = output_path(out, "--out", directory=False, kind="checkpoint file")
+    if _is_packaged(path) and not overwrite_packaged:
+        raise UserError(f"--out {out} is the packaged base checkpoint, which every embedded-world run starts from; "
+                        f"give another --out, or --overwrite-packaged to rebuild it")
+    return path
+
+
+def _is_packaged(path: Path) -> bool:
+    # resolve() follows symbolic links; samefile also catches a hard link to the packaged file.
+    if path == SHAPES_TINY_CHECKPOINT.resolve():
+        return True
+    try:
+        return path.exists() and SHAPES_TINY_CHECKPOINT.exists() and path.samefile(SHAPES_TINY_CHECKPOINT)
+    except OSError:
+        return False
+
+
+def command_presets(args: argparse.Namespace) -> int:
+    _print_described({name: preset["description"] for name, preset in PRESETS.items()})
+    return 0
+
+
+def command_families(args: argparse.Namespace) -> int:
+    _print_described({name: family.description for name, family in FAMILIES.items()})
+    return 0
+
+
+def _print_described(descriptions: dict[str, str]) -> None:
+    width = max(map(len, descriptions))
+    for name, description in descriptions.items():
+        print(f"{name:<{width}}  {description}")
 
 
 def command_check(args: argparse.Namespace) -> int:
@@ -336,7 +409,7 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, "check": command_check,
-            "sample": command_sample, **STUDY_COMMANDS}
+            "sample": command_sample, "presets": command_presets, "families": command_families, **STUDY_COMMANDS}
 
 
 def _is_main_rank() -> bool:
@@ -350,6 +423,7 @@ def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> i
     try:
         args = build_parser().parse_args(argv)
         one_value_each(args)
+        apply_config_file(args)
         commands = {**COMMANDS, "run": functools.partial(command_run, runners=runners)}
         return commands[args.command](args)
     except (UserError, ConfigError, CheckpointError) as error:

@@ -23,7 +23,7 @@ from solrl_core.command_errors import RunFailed
 from solrl_core.config import MAX_COUNT, ConfigError, parse_override, shown
 from solrl_core.fidelity import FidelityPlan, format_result, parse_schedules, plot_fidelity, run_fidelity
 from solrl_core.models.loading import ModelFilesMissing
-from solrl_core.presets import FAMILIES, PRESETS, resolve_config
+from solrl_core.presets import FAMILIES, resolve_config
 from solrl_core.quant.explorer import BACKENDS, build_explorer
 from solrl_core.recost import check_also_profiles
 
@@ -33,7 +33,7 @@ REPORTS = ("compare.json", "fidelity.json", "ablation-*/compare.json", "benchmar
 
 def add_study_commands(commands) -> None:
     fidelity = commands.add_parser("fidelity", help="ranking fidelity of the explorer against full precision")
-    fidelity.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
+    fidelity.add_argument("--preset", default="shapes-tiny", help="preset name (default shapes-tiny; `solrl presets` lists them with descriptions)")
     fidelity.add_argument("--prompts", type=int, default=64, help="held-out prompts (default 64)")
     fidelity.add_argument("--pool", type=int, default=96, help="seeds per prompt (default 96)")
     fidelity.add_argument("--explore-steps", default="6", help="explorer step counts, e.g. 2,4,6,8 (default 6)")
@@ -49,9 +49,9 @@ def add_study_commands(commands) -> None:
     _add_overrides(fidelity)
 
     compare = commands.add_parser("compare", help="train the families to one GPU-hour budget and compare")
-    compare.add_argument("--preset", default="shapes-tiny", help=f"one of: {', '.join(PRESETS)}")
+    compare.add_argument("--preset", default="shapes-tiny", help="preset name (default shapes-tiny; `solrl presets` lists them with descriptions)")
     compare.add_argument("--budget-gpu-hours", type=float, help="modeled GPU-hours each family may spend")
-    compare.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of: {', '.join(FAMILIES)}")
+    compare.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of families (default all: {','.join(FAMILIES)}; `solrl families` describes them)")
     compare.add_argument("--ablation", default=None,
                          help=f"compare the points of one ablation of sol_rl instead: {', '.join(ABLATIONS)}")
     compare.add_argument("--device", default=None, help="device profile (same as -S accounting.device=...)")

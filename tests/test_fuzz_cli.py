@@ -232,7 +232,18 @@ def _wrong_type_values(kind):
         return st.one_of(st.integers(), FINITE, st.booleans(), st.dictionaries(ANY_TEXT, SCALARS, max_size=2),
                          st.lists(st.one_of(st.lists(SCALARS, max_size=2), st.dictionaries(ANY_TEXT, SCALARS, max_size=2),
                                             st.booleans(), st.none()), min_size=1, max_size=3))
-    return st.one_of(st.integers(), FINITE, st.booleans(), ANY_TEXT, st.lists(SCALARS, max_size=3), st.none())
+    # list[int]: `-S key=1,2` is a comma list, so a text of integers (or of none: '') is not wrong
+    return st.one_of(st.integers(), FINITE, st.booleans(), ANY_TEXT.filter(_not_int_list_text),
+                     st.lists(SCALARS, max_size=3).filter(_not_int_list), st.none())
+
+
+def _not_int_list(values: list) -> bool:
+    return not all(isinstance(value, int) and not isinstance(value, bool) for value in values)
+
+
+def _not_int_list_text(text: str) -> bool:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    return bool(parts) and not all(part.lstrip("+-").isdigit() for part in parts)
 
 
 def _not_float_text(text: str) -> bool:

@@ -139,7 +139,7 @@ def read_checkpoint(path: Path) -> tuple[TinyArchitecture, FluxTransformer2DMode
     if not path.is_file():
         raise ModelFilesMissing(
             f"shapes-tiny checkpoint not found at {path}; it ships with the repository "
-            f"(restore it with `git checkout -- {path}`) or rebuild it with `solrl pretrain`"
+            f"(restore it with `git checkout -- {path}`) or rebuild it with `solrl pretrain --overwrite-packaged`"
         )
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
