@@ -17,8 +17,12 @@ own run folder and nothing else:
 
 A comparison stage reads the runs params.yaml names (a folder left by an earlier choice of
 families, seeds or points is not read) and writes compare.json, .md, .png, samples_grid.png and
-compare_metrics.json into R (families) or R/ablation-<name> (one ablation). No Prefect, no MLflow:
-the run folders are the record. Bad params are one line on stderr and exit code 2.
+compare_metrics.json into R (families) or R/ablation-<name> (one ablation). No Prefect: the run
+folders are the record. Each run is also logged to MLflow (params.yaml's tracking section): one
+experiment for the study, a run per (variant, seed) tagged with its family, variant, seed and
+ablation point, so `make mlflow-ui` plots the sweep against modeled GPU-hours. The store is
+MLFLOW_TRACKING_URI, else ./mlflow.db (where `dvc repro` runs: the project folder). Bad params are
+one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from solrl_core.config import ConfigError, parse_override, shown
 from solrl_core.safe_input import load_yaml, path_component
 
 # params.yaml's keys; the fidelity stage passes its own section to `solrl fidelity` itself.
-STUDY_KEYS = ("preset", "settings", "families", "seeds", "compare", "ablations", "fidelity")
+STUDY_KEYS = ("preset", "settings", "families", "seeds", "compare", "ablations", "fidelity", "tracking")
+TRACKING_KEYS = ("experiment", "enabled")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class Study:
     device: str
     # ablation -> {"points": [...], "seeds": [...], "budget_gpu_hours": its runs' budget}
     ablations: dict[str, dict[str, Any]]
+    # The MLflow experiment every run of the study logs to; None: the study is not tracked.
+    experiment: str | None = None
 
     def budget_of(self, ablation: str | None = None) -> float:
         """The modeled budget a run trains to: the comparison's, or an ablation's own."""
@@ -74,7 +81,22 @@ def load_study(path: Path) -> Study:
                  budget_gpu_hours=budget,
                  evaluations=_count(compare.get("evaluations"), f"{where}: compare.evaluations"),
                  device=_text(compare.get("device"), f"{where}: compare.device"),
-                 ablations=_ablations(params.get("ablations", {}), where, budget))
+                 ablations=_ablations(params.get("ablations", {}), where, budget),
+                 experiment=_experiment(params.get("tracking", {}), where, params.get("preset")))
+
+
+def _experiment(value: Any, where: str, preset: str) -> str | None:
+    """tracking: {experiment: NAME, enabled: true}: the study's MLflow experiment (default
+    <preset>-study, apart from the preset's own experiment that single `solrl run`s log to)."""
+    tracking = _mapping(value, f"{where}: tracking")
+    unknown = [key for key in tracking if key not in TRACKING_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: tracking: unknown key {shown(unknown[0], 40)}; allowed: {', '.join(TRACKING_KEYS)}")
+    enabled = tracking.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}: tracking.enabled: expected true or false, got {shown(enabled, 40)}")
+    experiment = _text(tracking.get("experiment", f"{preset}-study"), f"{where}: tracking.experiment")
+    return experiment if enabled else None
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -251,8 +273,29 @@ def run_one(study: Study, root: Path, seed: int, family: str | None = None, abla
 
     [plan] = plan_seeds(config, variant_dir(root, family, ablation, point), study.budget_of(ablation),
                         study.evaluations, [seed])
-    run_variant(f"{name} seed {seed}", plan, log)
+    tracker = None if study.experiment is None else _tracker(study, name, seed, ablation, point, log)
+    try:
+        run_variant(f"{name} seed {seed}", plan, log, observers=[tracker] if tracker else [])
+    except BaseException:
+        if tracker is not None:
+            tracker.finish("FAILED")
+        raise
     return plan["run_dir"]
+
+
+def _tracker(study: Study, name: str, seed: int, ablation: str | None, point: str | None, log):
+    """The MLflow observer of one study run: the study's experiment, the run named and tagged by
+    what it is in the study (the tags the UI filters and groups the sweep by)."""
+    import os
+
+    from solrl_core.tracking import MlflowObserver
+
+    tags = {"solrl.study": study.experiment, "solrl.variant": name, "solrl.seed": str(seed),
+            "solrl.ablation": ablation or "", "solrl.ablation_point": "" if point is None else str(point),
+            # `dvc exp run` names its experiment in the stage's environment: which sweep a run belongs to
+            "solrl.dvc_experiment": os.environ.get("DVC_EXP_NAME", "")}
+    return MlflowObserver(run_name=f"{name} seed {seed}", tags={key: value for key, value in tags.items() if value},
+                          log=log, experiment=study.experiment)
 
 
 def compare_study(study: Study, root: Path, ablation: str | None = None, command: str = "") -> dict:

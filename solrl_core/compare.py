@@ -288,8 +288,9 @@ def finished_results(runs_dir: Path, names: Sequence[str] | None = None) -> dict
     return results
 
 
-def run_variant(name: str, plan: dict, log: Callable[[str], None]) -> dict:
-    """Train one sized variant (or read back its finished run) and load its evaluation images."""
+def run_variant(name: str, plan: dict, log: Callable[[str], None], observers: Sequence[RunObserver] = ()) -> dict:
+    """Train one sized variant (or read back its finished run) and load its evaluation images;
+    ``observers`` (a tracker) watch the training, not a reused run."""
     sized, run_dir = plan["config"], plan["run_dir"]
     if plan["reused"]:
         log(f"compare: {name}: reusing the finished run in {run_dir}")
@@ -298,7 +299,7 @@ def run_variant(name: str, plan: dict, log: Callable[[str], None]) -> dict:
             f"({sized.accounting.device}), evaluated every {sized.eval.every}"
             + (f"; resuming the interrupted run in {run_dir}" if plan.get("resume") else ""))
         keeper = _EvaluationImages(run_dir, load_file(str(run_dir / EVAL_IMAGES)) if plan.get("resume") else None)
-        run_training(sized, run_dir, log=lambda line: log(f"  {name:14s} {line}"), observers=[keeper],
+        run_training(sized, run_dir, log=lambda line: log(f"  {name:14s} {line}"), observers=[keeper, *observers],
                      resume=bool(plan.get("resume")))
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     return {**plan, "summary": summary, "images": load_file(str(run_dir / EVAL_IMAGES))}

@@ -75,8 +75,10 @@ class MlflowObserver(RunObserver):
     """Logs one run to MLflow; ``run_id`` and ``ui`` are set once the run has started."""
 
     def __init__(self, tracking_uri: str | None = None, run_name: str | None = None,
-                 tags: dict[str, str] | None = None, log: Callable[[str], None] = print):
+                 tags: dict[str, str] | None = None, log: Callable[[str], None] = print,
+                 experiment: str | None = None):
         self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.experiment = experiment  # None: the preset's experiment (experiment_name); a study names its own
         self.client = None  # connected in on_start: a run that fails to load its model writes no store
         self.run_name, self.extra_tags, self.log = run_name, tags or {}, log
         self.run_id: str | None = None
@@ -94,7 +96,7 @@ class MlflowObserver(RunObserver):
 
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.config, self.out_dir = config, out_dir
-        experiment_id = self._experiment(experiment_name(config))
+        experiment_id = self._experiment(self.experiment or experiment_name(config))
         self.ui = ui_command(self.tracking_uri, experiment_id)
         tags = {"solrl.preset": config.preset, "solrl.family": config.family, "solrl.out_dir": str(out_dir),
                 **code_version_tags(), **self.extra_tags}
@@ -184,7 +186,7 @@ class MlflowObserver(RunObserver):
             if (self.out_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(self.out_dir / name), artifact_path="run")
         self.finish("FINISHED")
-        self.log(f"MLflow run {self.run_id} (experiment '{experiment_name(self.config)}'); x-axis for "
+        self.log(f"MLflow run {self.run_id} (experiment '{self.experiment or experiment_name(self.config)}'); x-axis for "
                  f"reward vs GPU-hours: {self.x_axis}; browse: {self.ui}")
 
     def finish(self, status: str) -> None:

@@ -30,8 +30,9 @@ CHECKPOINT = "solrl_core/world/checkpoints/shapes-tiny.safetensors"
 DVC = ".venv/bin/dvc"  # as the README writes it, relative to the project folder
 PRETRAIN_DEPS = ["solrl_core/world/pretrain.py", "solrl_core/world/scenes.py", "solrl_core/world/captions.py"]
 PIPELINE = "reports/pipeline"
-# Written by DVC itself, not by a stage: the lock, and the .gitignore beside each cached output.
-DVC_BOOKKEEPING = re.compile(r"(^|/)\.gitignore$|^dvc\.lock$")
+# Written by DVC itself, not by a stage: the lock, and the .gitignore beside each cached output;
+# and the MLflow store every study run logs to (a tracker beside the pipeline, not an output of it).
+DVC_BOOKKEEPING = re.compile(r"(^|/)\.gitignore$|^dvc\.lock$|^mlflow\.db$|^mlruns/")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,23 @@ def outside(names: set[str], outputs: list[str]) -> set[str]:
             and not any(name == out or name.startswith(out.rstrip("/") + "/") for out in outputs)}
 
 
+def study_runs(path: Path, study: dict) -> dict[tuple[str, str, str, str], object]:
+    """The study's MLflow runs in the workspace's store, by (variant, ablation, point, seed) tags."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(study["tracking"]["experiment"])
+    assert experiment is not None, "the study logged no MLflow experiment"
+    found = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        tags = run.data.tags
+        key = (tags["solrl.variant"], tags.get("solrl.ablation", ""), tags.get("solrl.ablation_point", ""),
+               tags["solrl.seed"])
+        assert key not in found, f"two MLflow runs for {key}"
+        found[key] = run
+    return found
+
+
 def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     path, sh = repo
     stages = set(sh(DVC, "stage", "list", "--name-only").stdout.split())
@@ -135,8 +153,19 @@ def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     assert "## Ranking fidelity" in page and "**paper** NVFP4" in page and "sol_rl_adaptive" in page
     assert "## Ablation: explore-steps" in page and "## Ablation: pool" in page and "paper HPSv2" in page
 
+    # Every run of the study is in MLflow, in the study's experiment, tagged by what it is in the
+    # study, with the modeled GPU-hours to plot its rewards against.
+    logged = study_runs(path, study)
+    assert set(logged) == ({(family, "", "", str(seed)) for family in study["families"] for seed in study["seeds"]}
+                         | {(f"{name}={point}", name, str(point), str(seed)) for name, section in study["ablations"].items()
+                            for point in section["points"] for seed in section["seeds"]})
+    for run in logged.values():
+        assert run.info.status == "FINISHED" and run.data.tags["solrl.study"] == study["tracking"]["experiment"]
+        assert run.data.metrics["modeled_gpu_hours_cumulative"] > 0 and "eval/shapes-compliance" in run.data.metrics
+
     again = sh(DVC, "repro")
     assert not ran_stages(again.stdout), again.stdout[-2000:]
+    assert set(study_runs(path, study)) == set(logged)  # nothing ran, nothing logged
     assert "Data and pipelines are up to date" in sh(DVC, "status").stdout
     sh("git", "add", "-A")
     sh("git", "commit", "-qm", "repro")
@@ -154,6 +183,9 @@ def test_experiment_with_set_params_runs_and_a_queued_pool_sweep_is_listed(repo)
     assert list(ablation["families"]) == ["pool=6", "pool=8"]
     assert json.loads((path / PIPELINE / "ablation-pool/runs/pool=8/seed-0/summary.json").read_text())[
         "config"]["pool"] == 8
+    # The experiment's new run is logged beside the others, tagged with the DVC experiment it ran in.
+    study = yaml.safe_load((path / "params.yaml").read_text())
+    assert study_runs(path, study)[("pool=8", "pool", "8", "0")].data.tags.get("solrl.dvc_experiment")
     # A sweep over sol_rl's pool: one queued experiment per value (`dvc exp run --run-all` runs them
     # through the same execution as the experiment above; the test stops at the queue for time).
     sh(DVC, "exp", "run", "--queue", "-S", "families.sol_rl.pool=8,10,12")
