@@ -66,7 +66,8 @@ def stop_server(pid: int, pidfd: int | None) -> None:
 def main(argv: list[str]) -> int:
     server = int(argv[0])
     parent = os.getppid()
-    # Ctrl-C in the terminal reaches the whole foreground group: outlive it to clean up after it.
+    # Started in a session of its own, out of reach of a terminal's Ctrl-C; should a SIGINT come
+    # anyway (sent to it directly), it must still outlive its parent to clean up after it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pidfd = open_server(server)
     wait_for_parent_to_end(parent)

@@ -10,6 +10,12 @@ only, a few MB) waits for this process to end and then stops the server. It lear
 a pipe that only this process holds open (end-of-file the moment it dies, by any cause), and as a
 fallback from its parent pid changing. A pidfd names the server, so a pid reused after the server
 has already stopped is never signalled.
+
+The server and its watchdog each run in a session of their own, outside the run's process group:
+a terminal's Ctrl-C (SIGINT to the whole foreground group) used to kill the server at once, and
+the interrupted flow then spent minutes retrying to report its end to it. Now the run reports to
+a live server, and the watchdog, which a signal to the group cannot reach either, stops it once
+the run's process has ended (Prefect's own exit handler usually has by then).
 """
 
 from __future__ import annotations
@@ -38,11 +44,41 @@ def end_server_with_this_process() -> int | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # Prefect's own instance: its clients connect to this one
+    _in_a_session_of_its_own(server)
     server.start()
     pid = server.server_process.pid
     watchdog = _watchdogs.get(pid)
     if watchdog is None or watchdog.poll() is not None:
         _watchdogs[pid] = subprocess.Popen(
             [sys.executable, "-I", "-S", str(WATCHDOG), str(pid)], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
     return pid
+
+
+def _in_a_session_of_its_own(server) -> None:
+    """Have ``server`` start its uvicorn process in a new session. Prefect builds the command (its
+    arguments, its settings in the environment) in ``_run_uvicorn_command``, with no way to ask
+    for a session: so, for that one call, the ``subprocess`` its module sees starts new sessions."""
+    from prefect.server.api import server as server_module
+
+    prefect_command = type(server)._run_uvicorn_command
+
+    def run_uvicorn_in_own_session() -> subprocess.Popen:
+        server_module.subprocess = _NewSessionSubprocess()
+        try:
+            return prefect_command(server)
+        finally:
+            server_module.subprocess = subprocess
+
+    server._run_uvicorn_command = run_uvicorn_in_own_session  # also for a retry on a taken port
+
+
+class _NewSessionSubprocess:
+    """The ``subprocess`` module, except that ``Popen`` starts the child in a new session."""
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args, **kwargs) -> subprocess.Popen:  # noqa: N802 - subprocess's name
+        return subprocess.Popen(*args, **{**kwargs, "start_new_session": True})

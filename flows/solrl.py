@@ -187,15 +187,26 @@ def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: st
     try:
         summary = run_training(config, out_dir, log=logger.info, runner=PrefectStageRunner(logger.info),
                                observers=watching, resume=resume)
-    except BaseException:
-        if mlflow:
-            mlflow.finish("FAILED")
+    except BaseException as ended:
+        if mlflow:  # Ctrl-C or SIGTERM: KILLED, as MLflow names a run stopped from outside
+            mlflow.finish("KILLED" if _is_stop_signal(ended) else "FAILED")
         raise
     if mlflow:
         summary["mlflow"] = {"run_id": mlflow.run_id, "tracking_uri": mlflow.tracking_uri, "ui": mlflow.ui,
                              "x_axis": mlflow.x_axis}
     logger.info(f"wrote {out_dir}")
     return summary
+
+
+def _is_stop_signal(error: BaseException) -> bool:
+    """Ctrl-C, SIGTERM as the CLI raises it (a KeyboardInterrupt too) or as Prefect's engine does
+    during a flow run; or any error after one arrived (under torchrun, a collective that broke off
+    as a peer stopped)."""
+    from prefect.exceptions import TerminationSignal
+
+    from solrl_core import interrupts
+
+    return isinstance(error, (KeyboardInterrupt, TerminationSignal)) or interrupts.received() is not None
 
 
 def run_locally(**parameters) -> dict:

@@ -4,6 +4,8 @@ User errors (bad config, unknown names, missing model files, an unwritable outpu
 checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, before anything is
 written. A run that fails after it started (a stage failing past its retries, a full disk, a
 non-finite weight) ends with exit code 1 and one line saying where its last good checkpoint is.
+Ctrl-C and SIGTERM stop it within seconds with exit code 130 / 143 and one line saying how far its
+checkpoint got and how to resume (solrl_core.interrupts).
 
 `--config FILE` (run, check, config) is a recipe (solrl_core.recipes): what `solrl config` prints,
 merged after the preset and family and before `-S`, so `-S` wins.
@@ -22,13 +24,14 @@ import argparse
 import contextlib
 import functools
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from solrl_core import distributed
+from solrl_core import distributed, interrupts
 from solrl_core import launch as launching
 from solrl_core import recipes, run_lock
 from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable_world,
@@ -36,6 +39,7 @@ from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intac
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path, with_flag
 from solrl_core.command_errors import RUN_FAILED, USER_ERROR, RunFailed, UserError
 from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
+from solrl_core.interrupts import RunInterrupted
 from solrl_core.launch import PREFECT_CONTEXT_VARIABLE, from_arguments
 from solrl_core.launch import add_arguments as add_scale_out_arguments
 from solrl_core.output_folder import new_output_directory, writable_or_raise
@@ -197,11 +201,50 @@ def command_run(args: argparse.Namespace, runners: FlowRunners | None = None) ->
         config = resolve_from_args(args)
         out_dir = new_output_directory(args.out) if writer else output_path(args.out, "--out", directory=True)
     distributed.require_shardable(config, world_size)
-    if launch.needs_torchrun:
-        return _start_torchrun(args, launch, config, out_dir, writer)
-    if distributed.under_torchrun():
-        return _run_as_rank(args, world, config, out_dir, runners)
-    return _run_one_process(args, config, out_dir, runners)
+    try:
+        if launch.needs_torchrun:
+            return _start_torchrun(args, launch, config, out_dir, writer)
+        if distributed.under_torchrun():
+            return _run_as_rank(args, world, config, out_dir, runners)
+        return _run_one_process(args, config, out_dir, runners)
+    except BaseException:
+        signum = interrupts.received()
+        if signum is None:
+            raise
+        # Whatever surfaced (KeyboardInterrupt, or under torchrun a peer's collective that broke
+        # off as the peer stopped), a stop signal ended the run: say so, and how to go on.
+        nodes = launch.nnodes if launch.needs_torchrun else _nodes_of(world)
+        raise RunInterrupted(_interrupted_line(out_dir, nodes), signum) from None
+
+
+def _nodes_of(world) -> int:
+    """How many nodes a torchrun job spans, from torchrun's environment (1: one process)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world.size) or world.size)
+    return max(1, world.size // max(1, local))
+
+
+def _interrupted_line(out_dir: Path, nodes: int) -> str:
+    """The one line of a run stopped by Ctrl-C or SIGTERM: how far its checkpoint got and the
+    command that continues it, or, with no checkpoint yet, that there is nothing to continue."""
+    try:
+        metadata = read_metadata(out_dir)
+    except CheckpointError:
+        if out_dir.is_dir():
+            return (f"interrupted before the first checkpoint, so nothing was saved: remove {out_dir} and run the "
+                    f"same command again")
+        return "interrupted before the run started; nothing was written"
+    done, total = metadata["next_iteration"], metadata["config"]["iterations"]
+    return (f"interrupted after {done} of {total} iterations (checkpoint in {out_dir}); resume with "
+            f"{_resume_command(out_dir, int(metadata.get('world_size', 1)), nodes)}")
+
+
+def _resume_command(out_dir: Path, ranks: int, nodes: int) -> str:
+    if ranks == 1:
+        return f"`solrl run --resume {out_dir}`"
+    if nodes == 1:
+        return f"`solrl run --resume {out_dir} --nproc-per-node {ranks}`"
+    return (f"`solrl run --resume {out_dir}` on every node, with the same --nproc-per-node / --nnodes / "
+            f"--rdzv-endpoint ({ranks} ranks)")
 
 
 def _flow_runners(runners: FlowRunners | None) -> FlowRunners:
@@ -420,6 +463,11 @@ def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> i
     """The `solrl` command; ``runners`` (flows/cli.py's) let `run` start the Prefect flow."""
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
+    with interrupts.stopping_on_signals():  # SIGTERM unwinds as Ctrl-C does
+        return _command(argv, runners)
+
+
+def _command(argv: list[str] | None, runners: FlowRunners | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         one_value_each(args)
@@ -433,9 +481,14 @@ def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> i
     except RunFailed as failure:
         print(f"solrl: error: {one_line(str(failure))}", file=sys.stderr)
         return RUN_FAILED
-    except KeyboardInterrupt:
-        print("solrl: interrupted", file=sys.stderr)
-        return 130
+    except RunInterrupted as stopped:
+        if _is_main_rank():  # every rank was stopped: one line, rank 0's
+            print(f"solrl: {stopped}", file=sys.stderr)
+        return stopped.exit_code
+    except KeyboardInterrupt:  # before a run started, or another command
+        if _is_main_rank():
+            print("solrl: interrupted", file=sys.stderr)
+        return interrupts.exit_code(interrupts.received() or signal.SIGINT)
 
 
 if __name__ == "__main__":

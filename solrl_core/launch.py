@@ -10,19 +10,29 @@ themselves: ``torchrun --nproc-per-node 8 -m flows.cli run ...``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from solrl_core import interrupts
 from solrl_core.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_VARIABLE, DistributedError, check_rendezvous,
                                     require_timeout, split_endpoint)
 
 # Set for rank 0 by a Prefect flow run that starts torchrun: the flow run's context, so rank 0's
 # stage tasks are task runs of that flow run (see flows/solrl.py).
 PREFECT_CONTEXT_VARIABLE = "SOLRL_PREFECT_CONTEXT"
+# On a stop signal torchrun passes it to the ranks and waits this long before it kills them; rank 0
+# needs the time to close its Prefect flow run and MLflow run (a few seconds).
+TORCHRUN_SHUTDOWN_S = 30
+_STOP_MARGIN_S = 15  # past that, torchrun itself is stuck: it and its ranks are killed
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ def torchrun_command(launch: Launch, run_arguments: list[str]) -> list[str]:
     """torchrun (the venv's, beside this Python) starting ``solrl run`` on every local rank."""
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun) if torchrun.exists() else "torchrun", f"--nproc-per-node={launch.nproc_per_node}",
-               "--max-restarts=0"]
+               "--max-restarts=0", f"--shutdown-timeout={TORCHRUN_SHUTDOWN_S}"]
     if launch.nnodes == 1 and launch.rdzv_endpoint is None:
         command.append("--standalone")  # a free port on this machine, no rendezvous to set up
     else:
@@ -128,16 +138,79 @@ class Outcome:
 
 def start(launch: Launch, arguments: list[str], extra_environment: dict[str, str] | None = None) -> Outcome:
     """Run torchrun to the end. Its children's stdout passes through; stderr is kept, so a failed run
-    ends in one line (the caller's) instead of torchrun's multi-page report."""
+    ends in one line (the caller's) instead of torchrun's multi-page report.
+
+    torchrun runs in a session of its own, so that a stop signal reaches it once, from here: a
+    terminal's Ctrl-C reaches this process's group only, a supervisor's SIGTERM this pid only, and
+    either way this process passes it on (see :func:`_stop_torchrun`); torchrun passes it to the
+    ranks and waits for them. Sent twice, torchrun would break off its own shutdown and leave the
+    ranks (each in a session of its own) running. Should this process die without a word
+    (SIGKILL), torchrun gets SIGTERM from the kernel (:func:`_end_with_parent`)."""
     environment = {**os.environ, TIMEOUT_VARIABLE: str(launch.rank_timeout), **(extra_environment or {})}
     # One thread per rank unless told otherwise (torchrun would say the same in a warning).
     environment.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
-        process = subprocess.run(torchrun_command(launch, arguments), env=environment, stderr=stderr,
-                                 stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(torchrun_command(launch, arguments), env=environment, stderr=stderr,
+                                   stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_end_with_parent)
+        try:
+            process.wait()
+        except BaseException as stop:  # Ctrl-C, SIGTERM (interrupts.Terminated), Prefect's TerminationSignal
+            _stop_torchrun(process, _signal_to_pass_on(stop))
+            raise
         stderr.seek(0)
         text = stderr.read()
     errors = [line.strip() for line in text.splitlines() if line.strip().startswith("solrl: error:")]
     main_errors = [line for line in errors if not line.startswith("solrl: error: rank ")]
     rank_error = (main_errors or errors or [None])[0]
     return Outcome(process.returncode, rank_error.removeprefix("solrl: error: ") if rank_error else None, text)
+
+
+def _end_with_parent() -> None:
+    """In torchrun's process, before it starts: SIGTERM when this (its parent) process dies. Linux
+    only (prctl PR_SET_PDEATHSIG); elsewhere torchrun outlives a parent killed by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _signal_to_pass_on(stop: BaseException) -> int:
+    """The signal that stopped this process (SIGINT for a bare KeyboardInterrupt), else SIGTERM."""
+    if interrupts.received() is not None:
+        return interrupts.received()
+    if isinstance(stop, KeyboardInterrupt):
+        return signal.SIGINT
+    return int(getattr(stop, "signal", signal.SIGTERM))  # Prefect's TerminationSignal names its own
+
+
+def _stop_torchrun(process: subprocess.Popen, signum: int) -> None:
+    """Pass ``signum`` to torchrun and wait while it stops the ranks (SIGKILL for those that outlast
+    its shutdown timeout); only if torchrun itself outlasts that, kill it and its ranks."""
+    with interrupts.shielded():
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+        deadline = time.monotonic() + TORCHRUN_SHUTDOWN_S + _STOP_MARGIN_S
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+            except BaseException:  # noqa: BLE001 - another signal (Prefect's handler raises): keep waiting
+                continue
+        if process.poll() is None:
+            for pid in [*_children(process.pid), process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (torchrun's ranks), from /proc (empty elsewhere)."""
+    children = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+        except OSError:
+            continue  # ended while being read
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:  # the field after the state: the parent pid
+            children.append(int(entry.parent.name))
+    return children
