@@ -220,9 +220,8 @@ def _resampled_sides(adapters: Path, state, base_cache: dict, key: str, measure)
     adapter on ``state``'s evaluation. Runs that share a base model and evaluation (``key``) share
     the base side through ``base_cache``, so it is sampled once; each caller still checks it
     against its own run's record."""
-    from safetensors.torch import load_file
-
     from solrl_core import stages
+    from solrl_core.checkpoint import CheckpointError, load_verified
     from solrl_core.models.adapters import EMA, load_adapter_state
 
     sides = {}
@@ -231,7 +230,11 @@ def _resampled_sides(adapters: Path, state, base_cache: dict, key: str, measure)
             sides[side] = base_cache[key]
             continue
         if adapter is not None:
-            load_adapter_state(state.policy.transformer, load_file(str(adapters)))
+            try:  # the digest the run recorded: a damaged file is named, never sampled
+                tensors, _ = load_verified(adapters, "adapter file")
+            except CheckpointError as error:
+                raise BadRun(str(error)) from None
+            load_adapter_state(state.policy.transformer, tensors)
         _, images = stages.evaluate(state, adapter)
         sides[side] = measure(images)
     base_cache[key] = sides["base"]

@@ -309,3 +309,23 @@ def test_the_reports_page_shows_each_seed_s_wide_gain_beside_its_own(real_run, t
     row = next(line for line in page.splitlines() if "keep=4" in line and "pool=8" in line)
     change = wide["change"]["shapes-compliance"]
     assert f"{change['mean']:+.4f} ± {change['se']:.4f}" in row.split(" | ")[-2]
+
+
+def test_a_damaged_adapter_file_is_named_and_never_sampled(tmp_path, capsys):
+    """The table resamples a run's final EMA from lora.safetensors: a file whose tensors no longer
+    match the digest the run recorded is refused in one line, before any image is scored."""
+    from solrl_core.training import run_training
+    from test_end_to_end import SMALL
+
+    run = tmp_path / "run"
+    overrides = [parse_override(text) for text in SMALL[1::2]] + [("iterations", 1)]
+    run_training(resolve_config("shapes-tiny", "sol_rl", overrides), run, log=lambda line: None)
+    adapters = run / "lora.safetensors"
+    data = bytearray(adapters.read_bytes())
+    data[-64] ^= 0xFF  # in the last tensor's bytes: the header still parses
+    adapters.write_bytes(bytes(data))
+    out = tmp_path / "rl_gain.json"
+    assert main([str(run), "--wide-eval", "2", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "lora.safetensors is damaged" in error, error
+    assert not out.exists()
