@@ -1,7 +1,7 @@
 """The machinery of the one-try GPU check (benchmarks/gpu_check.py), kept apart from what it
 measures: the package report and refusal, the compile-toolchain probe with its eager fallback,
 sections that run isolated and are saved one by one, and the routing that lets a CPU rehearsal
-take the GPU's FP8 GEMM path.
+take the explorer's GPU path.
 
 A lent GPU gives one try of a few minutes, so nothing here may take the whole check down: a
 section that raises is recorded (with its traceback) and the next one runs, and the JSON is
@@ -106,23 +106,16 @@ def use_eager_quantizers() -> None:
 
 @contextmanager
 def scaled_mm_routing_on_cpu() -> Iterator[None]:
-    """Inside, solrl_core's FP8 matmul takes the GPU's branch (torch._scaled_mm, bias fused for a
-    bf16 output, fast accumulation) on the CPU as well, wherever the layer meets the GEMM's
-    alignment rule: torch runs _scaled_mm on the CPU with float8_e4m3fn inputs, so a rehearsal
-    can meet the layouts and scale shapes the GPU will meet. Only the device test is lifted."""
-    from solrl_core.quant import fp8
+    """Inside, solrl_core's explorer takes the GPU's path on the CPU as well
+    (solrl_core.quant.gpu_path): the compiled activation quantizers and, wherever the layer meets
+    the GEMM's alignment rule, torch._scaled_mm with the bias fused for a bf16 output and fast
+    accumulation. torch runs _scaled_mm on the CPU with float8_e4m3fn inputs, so a rehearsal meets
+    the layouts and scale shapes the GPU will meet. The switch is solrl_core's own, not a patch:
+    the functions that run are the GPU's."""
+    from solrl_core.quant.gpu_path import gpu_path_on_cpu
 
-    original = fp8.can_use_scaled_mm
-
-    def aligned(x: torch.Tensor, w_fp8: torch.Tensor, rowwise: bool = False) -> bool:
-        out_features, in_features = w_fp8.shape
-        return in_features % fp8.SCALED_MM_ALIGNMENT == 0 and out_features % fp8.SCALED_MM_ALIGNMENT == 0
-
-    fp8.can_use_scaled_mm = aligned
-    try:
+    with gpu_path_on_cpu():
         yield
-    finally:
-        fp8.can_use_scaled_mm = original
 
 
 # --- sections ----------------------------------------------------------------------------------

@@ -11,18 +11,28 @@ Reward models are not counted for the drafts every family scores once (the same 
 the embedded world's rewards are analytic and do no matmuls), but adaptive exploration's
 intermediate drafts are: each is decoded (the VAE decode counted on the real model) and scored
 (each reward record's scoring_flops, solrl_core.rewards.registry), at BF16, in the rank stage.
+
+The profile (accounting.device) is a named one of DEVICE_PROFILES, where an explorer step costs
+its FLOPs at the dense peak of its precision ("peak ratio") unless the profile measured that step
+(B200-measured: the paper's stage times); gpu-check:PATH, a GPU's peaks with the step costs its GPU
+check measured; or auto, which the config resolves to the run's own device (B200 on a CPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import functools
+import json
+import math
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from solrl_core.adaptive import schedule_counts
 from solrl_core.config import rollout_steps, train_steps
-from solrl_core.quant.backends import precision_on_profile
+from solrl_core.quant.backends import Capability, precision_on_profile
 from solrl_core.quant.explorer import effective_linear_weights
 from solrl_core.rewards.registry import REWARDS
 
@@ -61,13 +71,154 @@ def scoring_flops(rewards) -> Flops:
 
 # The CUDA capability of each profile's device: what explore.backend=auto resolves to there.
 PROFILE_CAPABILITY = {"B200": (10, 0), "B200-measured": (10, 0), "H100": (9, 0), "H200": (9, 0)}
+# Where a built-in profile's measured step costs come from, in words.
+MEASURED_SOURCE = {"B200-measured": "the paper's measured stage times"}
+
+# accounting.device=auto: the profile of the device the run computes on (resolved with the config).
+AUTO_PROFILE = "auto"
+# The profile a CPU run, and a GPU without a profile of its own, is modeled on: the paper's hardware.
+FALLBACK_PROFILE = "B200"
+# accounting.device=gpu-check:PATH: a GPU's peak profile with the explorer step costs the GPU check
+# (benchmarks/gpu_check.py) measured on it, read from its JSON at PATH.
+GPU_CHECK_PROFILE = "gpu-check:"
+PEAK_RATIO = "peak ratio"
+# The GPU check's transformer variants that measure a real low-precision explorer step, and the
+# precision each measures. emulated-nvfp4 is left out: it runs bf16 GEMMs and measures no FP4 step.
+GPU_CHECK_PRECISIONS = {"fp8": "fp8", "te-nvfp4": "fp4"}
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A profile as the cost model reads it: dense peaks (TFLOP/s per precision, None: no tensor
+    cores), the device's capability, and the explorer step costs measured for it (a share of the
+    same FLOPs at BF16, per precision) with where they come from."""
+
+    name: str
+    peaks: dict[str, float | None]
+    capability: Capability
+    step_costs: dict[str, float] = field(default_factory=dict)
+    source: str | None = None
+
+    def basis(self, precision: str) -> str:
+        """How an explorer step at ``precision`` is charged: "measured (SOURCE)" or "peak ratio"."""
+        return f"measured ({self.source})" if precision in self.step_costs else PEAK_RATIO
+
+
+def allowed_profiles() -> str:
+    return f"{', '.join(DEVICE_PROFILES)}, {AUTO_PROFILE} (this device's), or {GPU_CHECK_PROFILE}PATH (a GPU check's JSON)"
+
+
+def device_profile(name: str) -> DeviceProfile:
+    """The profile ``name`` stands for; ValueError, in one line, for a name that stands for none."""
+    if name.startswith(GPU_CHECK_PROFILE):
+        return gpu_check_profile(name.removeprefix(GPU_CHECK_PROFILE))
+    if name == AUTO_PROFILE:
+        raise ValueError("accounting.device auto is resolved with the config (presets.resolve_config); "
+                         "this config skipped that step")
+    if name not in DEVICE_PROFILES:
+        raise ValueError(f"unknown accounting.device '{name}'; allowed: {allowed_profiles()}")
+    return DeviceProfile(name, DEVICE_PROFILES[name], PROFILE_CAPABILITY[name], MEASURED_STEP_COST.get(name, {}),
+                         MEASURED_SOURCE.get(name))
 
 
 def backend_precision(backend: str, device: str = "B200") -> str:
     """The precision the explorer's quantized layers run at on the modeled device (the backend's
     record in solrl_core.quant.backends; ``auto`` as it resolves on that device). An unknown
     backend is an error, never a silent BF16."""
-    return precision_on_profile(backend, PROFILE_CAPABILITY.get(device, (10, 0)))
+    try:
+        capability = device_profile(device).capability
+    except ValueError:  # the profile's own check reports it; the backend is still checked here
+        capability = PROFILE_CAPABILITY[FALLBACK_PROFILE]
+    return precision_on_profile(backend, capability)
+
+
+# --- accounting.device=auto --------------------------------------------------------------------
+
+
+# The profiles of real GPUs, in the order their names are matched.
+GPU_PROFILES = ("H200", "H100", "B200")
+
+
+def gpu_profile(name: str, capability: Capability) -> str | None:
+    """The profile of a GPU by its name and capability (both must agree: an H100 is sm_90), or None."""
+    upper = name.upper()
+    for profile in GPU_PROFILES:
+        if profile in upper and tuple(capability) == PROFILE_CAPABILITY[profile]:
+            return profile
+    return None
+
+
+def auto_profile(device: torch.device, backend: str) -> str:
+    """accounting.device=auto for a run on ``device`` exploring with ``backend``: B200 on a CPU (the
+    modeled hours of every CPU run stay what the B200 default gave); on a GPU its own profile, or
+    B200 with a one-line warning where it has none, or none that can charge the explorer's
+    precision (emulated NVFP4 stands in for Blackwell's FP4, which a Hopper lacks)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return FALLBACK_PROFILE
+    name, capability = torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device))
+    found = f"GPU '{name}' (sm_{capability[0]}{capability[1]})"
+    profile = gpu_profile(name, capability)
+    if profile is None:
+        _warn_once(f"accounting.device auto: {found} has no device profile ({', '.join(GPU_PROFILES)}); "
+                   f"modeling GPU-hours on {FALLBACK_PROFILE}")
+        return FALLBACK_PROFILE
+    if profile_problem(profile, backend) is not None:
+        _warn_once(f"accounting.device auto: {found} has no {backend_precision(backend, profile).upper()} tensor cores "
+                   f"for explore.backend {backend}; modeling GPU-hours on {FALLBACK_PROFILE}")
+        return FALLBACK_PROFILE
+    return profile
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    print(f"solrl: warning: {message}", file=sys.stderr)
+
+
+# --- accounting.device=gpu-check:PATH ----------------------------------------------------------
+
+
+def gpu_check_step_costs(report: dict) -> dict[str, float]:
+    """{precision: explorer forward time / BF16 forward time} from a GPU check's report: its
+    transformer section times FLUX.1-dev's forward at BF16 and with each explorer backend, compiled
+    alike, and records BF16's time over each backend's as ``speedup_vs_bf16``. That whole-forward
+    share is what a measured profile charges an explorer step (attention and skipped layers stay
+    BF16 in both). ValueError, in one line, where the report holds no such measurement."""
+    if report.get("mode") != "gpu":
+        raise ValueError(f"its mode is {report.get('mode')!r}, not 'gpu': a rehearsal's CPU timings say nothing of a GPU")
+    section = report.get("sections", {}).get("transformer", {})
+    if section.get("status") != "ok":
+        raise ValueError("its transformer section did not finish, so it measured no explorer forward")
+    speedups = section["result"].get("speedup_vs_bf16", {})
+    costs = {precision: 1.0 / speedups[backend] for backend, precision in GPU_CHECK_PRECISIONS.items()
+             if isinstance(speedups.get(backend), (int, float)) and math.isfinite(speedups[backend]) and speedups[backend] > 0}
+    if not costs:
+        raise ValueError(f"its transformer section timed none of {', '.join(GPU_CHECK_PRECISIONS)} "
+                         f"(only {', '.join(speedups) or 'no backend'})")
+    return costs
+
+
+@functools.cache
+def gpu_check_profile(path: str) -> DeviceProfile:
+    """The profile a GPU check's JSON at ``path`` measures: the peaks of the GPU it ran on, and
+    the explorer step costs it timed; every other precision at its peak ratio."""
+    where = f"{GPU_CHECK_PROFILE}{path}"
+    try:
+        report = json.loads(Path(path).read_text())
+        gpu, capability = report["environment"]["gpu"], report["environment"]["capability"]
+        major, minor = int(capability[3:-1]), int(capability[-1])  # "sm_90", "sm_100"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
+        raise ValueError(f"accounting.device {where}: not a GPU check's JSON of a GPU run "
+                         f"({type(error).__name__}: {error})") from None
+    try:
+        step_costs = gpu_check_step_costs(report)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"accounting.device {where}: {error}") from None
+    base = gpu_profile(gpu, (major, minor))
+    if base is None:
+        raise ValueError(f"accounting.device {where}: the check ran on '{gpu}' ({capability}), which has no "
+                         f"device profile ({', '.join(GPU_PROFILES)})")
+    return DeviceProfile(where, DEVICE_PROFILES[base], PROFILE_CAPABILITY[base], step_costs,
+                         f"the GPU check's forwards in {Path(path).name}")
 
 
 TRAINING_STAGES = ("explore", "rank", "regenerate", "update", "requantize")
@@ -92,13 +243,12 @@ _EXTRA_FORMULAS = {
 
 def profile_problem(device: str, backend: str) -> str | None:
     """Why this device profile cannot model this explorer backend, or None when it can."""
-    if device not in DEVICE_PROFILES:
-        return f"unknown accounting.device '{device}'; allowed: {', '.join(DEVICE_PROFILES)}"
     try:
+        profile = device_profile(device)
         precision = backend_precision(backend, device)
     except ValueError as error:
         return str(error)
-    if DEVICE_PROFILES[device][precision] is None:
+    if profile.peaks[precision] is None and precision not in profile.step_costs:
         return (f"accounting.device {device} has no {precision.upper()} tensor cores for explore.backend {backend}; "
                 f"use explore.backend=fp8 (the Hopper explorer) or accounting.device=B200")
     return None
@@ -266,8 +416,8 @@ class DeviceModel:
 
     def hours(self, flops: Flops, low_precision: str | None = None) -> float:
         """GPU-hours of ``flops``: the low part at ``low_precision`` (default BF16), the rest at BF16."""
-        peaks = DEVICE_PROFILES[self.device]
-        measured = MEASURED_STEP_COST.get(self.device, {})
+        profile = device_profile(self.device)
+        peaks, measured = profile.peaks, profile.step_costs
         if low_precision in measured:  # a calibrated explorer step: a share of the same FLOPs at BF16
             return flops.total * measured[low_precision] / (peaks["bf16"] * 1e12 * self.utilization) / 3600.0
         low_peak = peaks[low_precision or "bf16"]

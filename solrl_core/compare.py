@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from solrl_core import seed_stats
-from solrl_core.accounting import MEASURED_STEP_COST, SampleFlops, iteration_hours
+from solrl_core.accounting import SampleFlops, device_profile, iteration_hours
 from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
 from solrl_core.config import Config, from_dict, set_key, to_dict
 from solrl_core.ledger import METRICS_FILE, SUMMARY_FILE, atomic_write, write_json
@@ -434,11 +434,11 @@ def seed_mean_points(seed_points: list[list[dict]]) -> list[dict]:
 
 def profile_basis(device: str, utilization: float) -> str:
     """How GPU-hours are modeled under ``device``, in words for the report."""
-    measured = MEASURED_STEP_COST.get(device)
-    if measured:
+    profile = device_profile(device)
+    if profile.step_costs:
         shares = ", ".join(f"an explorer step at {precision.upper()} charged {share:g} of its FLOPs at BF16"
-                           for precision, share in measured.items())
-        return (f"modeled: {device}, calibrated to the paper's measured stage times ({shares}; every other stage "
+                           for precision, share in profile.step_costs.items())
+        return (f"modeled: {device}, calibrated to {profile.source} ({shares}; every other stage "
                 f"FLOPs / BF16 peak) x utilisation {utilization:g}")
     return f"modeled: FLOPs / ({device} dense peak per stage precision x utilisation {utilization:g})"
 

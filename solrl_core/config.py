@@ -190,9 +190,12 @@ class EvalConfig:
 
 @dataclass
 class AccountingConfig:
-    # Device profile whose dense peaks turn counted FLOPs into modeled GPU-hours (SPEC §9):
-    # B200, H100 or H200 (solrl_core.accounting.DEVICE_PROFILES).
-    device: str = "B200"
+    # Device profile whose dense peaks turn counted FLOPs into modeled GPU-hours (SPEC §9): B200,
+    # B200-measured, H100 or H200 (solrl_core.accounting.DEVICE_PROFILES); gpu-check:PATH, a GPU's
+    # profile with the explorer step costs its GPU check measured (benchmarks/gpu_check.py's JSON);
+    # or auto, resolved with the config: the run's GPU by name and capability, B200 on a CPU (and,
+    # with a warning, on a GPU without a profile or without tensor cores for the explorer's precision).
+    device: str = "auto"
     # Share of the dense peak a real run sustains; one factor for every stage and family.
     utilization: float = 0.4
 

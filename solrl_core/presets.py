@@ -26,12 +26,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from solrl_core.accounting import AUTO_PROFILE, auto_profile
 from solrl_core.config import Config, ConfigError, apply_mapping
 from solrl_core.families import FAMILIES
 from solrl_core.mappings import merge_nested
 # flux_shift is re-exported: it belongs to FLUX's record, and callers know it from here.
 from solrl_core.models.registry import FLUX_QUANT_SKIP, MODELS, flux_shift  # noqa: F401
 from solrl_core.prompts import check_prompt_files
+from solrl_core.quant.backends import BACKENDS, run_device
 from solrl_core.validation import check_config, check_ranges
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -136,9 +138,24 @@ def resolve_config(preset: str, family: str | None = None, overrides: list[tuple
         apply_mapping(config, {key: value})
     check_ranges(config)  # a derived setting is computed from numbers in range (FLUX's shift overflows past 8192 px)
     _apply_derived(config, PRESETS[preset].get("derived", {}), {key for key, _ in overrides or []})
+    _resolve_accounting_device(config)
     validate(config)
     check_prompt_files(config)
     return config
+
+
+def _resolve_accounting_device(config: Config) -> None:
+    """accounting.device=auto becomes the profile of the device this run computes on, once, here:
+    everything downstream (the hours, the saved config, MLflow's params, a resume) then reads one
+    named profile, and a CPU run's outputs read B200 as before. Left as it is where model.device or
+    explore.backend is not a valid name, which validation then reports."""
+    if config.accounting.device != AUTO_PROFILE or config.explore.backend not in BACKENDS:
+        return
+    try:
+        device = run_device(config.model.device)
+    except (RuntimeError, ValueError, TypeError):
+        return
+    config.accounting.device = auto_profile(device, config.explore.backend)
 
 
 def _apply_derived(config: Config, derived: dict[str, Any], overridden: set[str]) -> None:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from contextlib import nullcontext
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from _gpu_path import gpu_path, ops_run, ran_compiled_code
 
 from solrl_core.accounting import backend_precision, profile_problem
 from flows.cli import main
@@ -197,8 +200,15 @@ def test_requantize_drops_each_old_entry_before_building_its_new_one_and_fails_c
             pass
 
 
+@pytest.mark.parametrize("path", ["cpu", "gpu"], ids=["cpu-path", "gpu-path-on-cpu"])
 @pytest.mark.parametrize("backend", ["fp8", "fp8-rowwise", "emulated-nvfp4"])
-def test_q_k_and_v_share_one_quantized_activation(backend):
+def test_q_k_and_v_share_one_quantized_activation(backend, path):
+    # Also on the GPU path (compiled quantizers, _scaled_mm), whose activations are other objects.
+    with gpu_path() if path == "gpu" else nullcontext():
+        check_q_k_and_v_share_one_quantized_activation(backend)
+
+
+def check_q_k_and_v_share_one_quantized_activation(backend):
     model = tiny_flux()
     explorer = build_explorer(model, backend, ["x_embedder", "context_embedder", "proj_out"], 63)
     explorer.requantize(model, "old")
@@ -221,6 +231,24 @@ def test_q_k_and_v_share_one_quantized_activation(backend):
     explorer._shared.get = lambda x, quantize: quantize(x)
     with explorer.active(model):
         assert torch.equal(run(model), shared)
+
+
+@pytest.mark.parametrize("backend", ["fp8", "fp8-rowwise", "emulated-nvfp4"])
+def test_the_explorers_gpu_path_gives_the_cpu_emulations_numbers(backend):
+    """The whole explorer on the GPU path (what a GPU runs, here on the CPU) against its CPU path,
+    on a FLUX block: the same quantized operands, so only fp32 rounding differs (the order of the
+    GEMM's sum; NVFP4's tensor scales applied after it): ~1e-7 relative, where the quantization
+    itself moves the output by ~1e-2. (For FP8 the CPU's _scaled_mm gives the emulation's bits
+    from 4 tokens up; the 2-token embedding GEMMs here sum in another order.)"""
+    model = tiny_flux()
+    explorer = build_explorer(model, backend, ["x_embedder", "context_embedder", "proj_out"], 63)
+    explorer.requantize(model, "old")
+    with explorer.active(model):
+        emulated = run(model)
+        with gpu_path():
+            ops, on_gpu_path = ops_run(lambda: run(model))
+    assert ran_compiled_code(ops) and ("aten::_scaled_mm" in ops) == backend.startswith("fp8")
+    assert ((on_gpu_path - emulated).norm() / emulated.norm()).item() < 1e-6
 
 
 def test_fp8_rowwise_scales_each_token_and_each_output_channel():

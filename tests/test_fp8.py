@@ -1,15 +1,22 @@
-"""FP8 E4M3 with per-tensor current scaling (SPEC §3, the Hopper explorer)."""
+"""FP8 E4M3 with per-tensor current scaling (SPEC §3, the Hopper explorer), and its GPU path
+(torch._scaled_mm, the compiled quantizer) run on the CPU against the CPU emulation."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _gpu_path import gpu_path, gpu_path_devices, ops_run, ran_compiled_code
 
 from solrl_core.quant.fp8 import (
     E4M3_MAX,
+    ROWWISE_MIN_CAPABILITY,
+    SCALED_MM_MIN_CAPABILITY,
+    FP8Tensor,
     dequantize_fp8,
     fake_quantize_fp8,
     fp8_linear,
+    fp8_matmul,
     fp8_scale,
+    quantize_activation,
     quantize_fp8,
 )
 
@@ -107,17 +114,79 @@ def test_emulated_linear_is_close_to_the_fp32_linear():
     assert relative_error(with_bias.float(), F.linear(x, weight, bias)) < 0.05
 
 
-def _has_fp8_tensor_cores():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+# --- the GPU path (torch._scaled_mm and the compiled quantizer), on the CPU and on a GPU -------
+
+FP8_DEVICES = gpu_path_devices(SCALED_MM_MIN_CAPABILITY)
 
 
-@pytest.mark.skipif(not _has_fp8_tensor_cores(), reason="needs a CUDA GPU with sm_89+")
-def test_scaled_mm_path_matches_the_emulation_on_gpu():
-    x = gaussian(3, 32, 256).cuda().to(torch.bfloat16)
-    weight = (gaussian(128, 256, seed=1) / 16).cuda()
-    w_fp8, w_scale = quantize_fp8(weight)
-    # fast_accum=False: the explorer's default fast accumulation trades accumulator bits for speed.
-    real = fp8_linear(x, w_fp8, w_scale, None, torch.float32, fast_accum=False)
-    emulated = fp8_linear(x.cpu(), w_fp8.cpu(), w_scale.cpu(), None, torch.float32)
-    # Same fp8 operands; only the accumulation order differs.
-    assert relative_error(real.cpu(), emulated) < 1e-5
+def quantized_weight(weight, rowwise):
+    data, scale = quantize_fp8(weight, rowwise)
+    return data.contiguous(), scale  # contiguous [out, in], as the explorer caches it
+
+
+@pytest.mark.parametrize("device", FP8_DEVICES)
+@pytest.mark.parametrize("rowwise", [False, True], ids=["per-tensor", "row-wise"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_the_gpu_path_runs_scaled_mm_and_gives_the_emulations_numbers(device, rowwise, out_dtype, with_bias):
+    """fp8_linear as the explorer calls it on a GPU (bf16 input, fast accumulation, the bias fused
+    into a bf16 output) runs torch._scaled_mm and a compiled quantizer, and gives the numbers of
+    the CPU emulation of the same FP8 operands: on the CPU exactly (from 4 rows up its _scaled_mm
+    sums the dequantized products in F.linear's order, adds the bias in fp32 and rounds once),
+    on a GPU up to the order of the fp32 sum (and fast accumulation's coarser partial sums)."""
+    if device == "cuda" and rowwise and torch.cuda.get_device_capability() < ROWWISE_MIN_CAPABILITY:
+        pytest.skip("row-wise scales need sm_90+")
+    x = gaussian(3, 32, 256).to(torch.bfloat16)
+    w_fp8, w_scale = quantized_weight(gaussian(128, 256, seed=1) / 16, rowwise)
+    bias = (gaussian(128, seed=2) / 4).to(torch.bfloat16) if with_bias else None
+    emulated = fp8_linear(x, w_fp8, w_scale, bias, out_dtype)  # CPU tensors, outside the GPU path
+    on_device = [t if t is None else t.to(device) for t in (x, w_fp8, w_scale, bias)]
+    with gpu_path(device):
+        ops, real = ops_run(lambda: fp8_linear(*on_device, out_dtype))
+    assert "aten::_scaled_mm" in ops and ran_compiled_code(ops)
+    assert real.dtype == out_dtype and real.shape == (3, 32, 128)
+    if device == "cpu":
+        assert torch.equal(real, emulated)
+    else:  # not yet run on a GPU: the first GPU run checks these bounds
+        bound = 1e-3 if out_dtype == torch.float32 else 5e-3  # bf16: its rounding, ~2^-9 per element
+        assert relative_error(real.cpu().float(), emulated.float()) < bound
+
+
+@pytest.mark.parametrize("device", FP8_DEVICES)
+def test_scaled_mm_without_fast_accumulation_matches_the_emulation(device):
+    # The flag the explorer leaves on trades accumulator bits for speed on a GPU; off, only the
+    # order of the fp32 sum differs. The CPU accepts the flag and computes the same bits either way.
+    x_fp8 = FP8Tensor(*quantize_fp8(gaussian(96, 256).to(device)))
+    w_fp8 = FP8Tensor(*quantized_weight(gaussian(128, 256, seed=1).to(device) / 16, rowwise=False))
+    with gpu_path(device):
+        exact = fp8_matmul(x_fp8, w_fp8, None, torch.float32, fast_accum=False)
+        fast = fp8_matmul(x_fp8, w_fp8, None, torch.float32, fast_accum=True)
+    emulated = fp8_matmul(FP8Tensor(*(t.cpu() for t in x_fp8)), FP8Tensor(*(t.cpu() for t in w_fp8)), None, torch.float32)
+    assert relative_error(exact.cpu(), emulated) < 1e-5
+    if device == "cpu":
+        assert torch.equal(exact, emulated) and torch.equal(fast, exact)
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["per-tensor", "row-wise"])
+def test_the_compiled_activation_quantizer_gives_eager_bits(rowwise):
+    """The GPU path's quantizer is quantize_fp8 compiled (with eager's division: quant/gpu_path.py);
+    it must give the same E4M3 codes and scales, also for an amax whose division lands above 448,
+    an all-zero row and values that flush to zero."""
+    x = torch.cat([gaussian(15, 64) * 300, torch.zeros(1, 64)]).to(torch.bfloat16)
+    x[3, :4] = torch.tensor([448.0, 2.0**-11, -(2.0**-11), 2.0**-9])
+    with gpu_path():
+        ops, (data, scale) = ops_run(lambda: quantize_activation(x.reshape(2, 8, 64), rowwise))
+    assert ran_compiled_code(ops)
+    eager_data, eager_scale = quantize_fp8(x, rowwise)
+    assert torch.equal(data.view(torch.uint8), eager_data.view(torch.uint8))
+    assert torch.equal(scale, eager_scale)
+
+
+def test_a_layer_off_the_16_alignment_takes_the_emulation_on_the_gpu_path():
+    # _scaled_mm needs in and out features in multiples of 16; such a layer is emulated instead.
+    x, weight = gaussian(5, 24), gaussian(40, 24, seed=1)
+    w_fp8, w_scale = quantized_weight(weight, rowwise=False)
+    with gpu_path():
+        ops, out = ops_run(lambda: fp8_linear(x, w_fp8, w_scale, None, torch.float32))
+    assert "aten::_scaled_mm" not in ops
+    assert torch.equal(out, fp8_linear(x, w_fp8, w_scale, None, torch.float32))

@@ -40,7 +40,7 @@ import solrl_core.report  # noqa: F401
 import solrl_core.report_readme  # noqa: F401
 import solrl_core.rewards.registry
 from solrl_core import cli, cli_studies
-from solrl_core.accounting import DEVICE_PROFILES
+from solrl_core.accounting import AUTO_PROFILE, DEVICE_PROFILES
 from flows.cli import main
 from solrl_core.cli import build_parser
 from solrl_core.config import (MAX_COUNT, Config, ConfigError, config_keys, declared_type, from_dict, get_key,
@@ -647,7 +647,8 @@ def bad_compare_arguments(draw) -> list[str]:
     if kind == "ablation":
         return budget + ["--ablation", draw(ANY_TEXT.filter(lambda t: t not in ("explore-steps", "pool")
                                                             and not t.startswith("-")))]
-    return budget + ["--device", draw(ANY_TEXT.filter(lambda t: t not in DEVICE_PROFILES and not t.startswith("-")))]
+    return budget + ["--device", draw(ANY_TEXT.filter(lambda t: t not in (*DEVICE_PROFILES, AUTO_PROFILE)
+                                                      and not t.startswith("-")))]
 
 
 @settings(CI, max_examples=80)

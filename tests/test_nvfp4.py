@@ -1,7 +1,14 @@
-"""The NVFP4 format, rule by rule (SPEC §3), and a cross-check against torchao's NVFP4."""
+"""The NVFP4 format, rule by rule (SPEC §3); the emulated-NVFP4 explorer's GPU path (compiled
+quantizers, a bf16 GEMM on code x block scale) run on the CPU against the fp32 emulation; and a
+cross-check against torchao's NVFP4."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from _gpu_path import gpu_path, gpu_path_devices, ops_run, ran_compiled_code
+
+from solrl_core.quant import nvfp4_linear
+from solrl_core.quant.nvfp4_linear import NVFP4Weight, decode_scaled_codes, pack_weight, quantize_activation
 
 from solrl_core.quant.nvfp4 import (
     BLOCK_SIZE,
@@ -222,6 +229,100 @@ def test_dtype_and_shape_are_restored():
     assert isinstance(packed, NVFP4Packed)
     assert dequantize_nvfp4(packed).dtype == torch.bfloat16
     assert fake_quantize_nvfp4(x).shape == x.shape and fake_quantize_nvfp4(x).dtype == x.dtype
+
+
+# --- the GPU path: compiled quantizers and a bf16 GEMM, against the fp32 emulation ------------
+
+FP32_UNIT = 2.0**-24  # the unit roundoff of fp32
+
+
+def bits(t):
+    """float32 bit patterns, so that -0.0 and 0.0 differ."""
+    return t.float().view(torch.int32)
+
+
+def activation_with_ties():
+    """bf16 [2, 5, 72]: the tensor amax is 2688, so the tensor scale is exactly 1; in each row a
+    Gaussian block, blocks of block scale 1 and 2 whose values sit exactly on E2M1 ties of both
+    signs (-0.25 rounds to -0.0), an all-zero block, and 8 tiny values (a padded last block whose
+    E4M3 scale rounds to 0)."""
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    ties = torch.cat([ties, -ties])
+    rows = [torch.cat([gaussian(16, seed=row) * 2, ties, 2 * ties.roll(row), torch.zeros(16), torch.full((8,), 1e-6)])
+            for row in range(10)]
+    x = torch.stack(rows)
+    x[0, 0] = 2688.0
+    return x.reshape(2, 5, 72).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", gpu_path_devices())
+@pytest.mark.parametrize("activation", ["ties", "gaussian"])
+def test_the_compiled_activation_quantizer_gives_the_emulations_bits(device, activation):
+    """The GPU path quantizes the activation with a compiled function (code x block scale in bf16,
+    the tensor scale apart); times the tensor scale those are fake_quantize_nvfp4's fp32 values
+    bit for bit: same ties, same signed zeros, same zeroed blocks. Gaussian bf16 data has exact
+    ties too (its 8 significant bits); an approximate division would move ~2e-4 of them."""
+    x = activation_with_ties() if activation == "ties" else (gaussian(4, 16, 3072) * 2).to(torch.bfloat16)
+    with gpu_path(device):
+        ops, (values, tensor_scale) = ops_run(lambda: quantize_activation(x.to(device)))
+    assert ran_compiled_code(ops) and values.dtype == torch.bfloat16
+    features = x.shape[-1]
+    assert values.shape == (x.numel() // features, features + (-features) % BLOCK_SIZE)
+    emulated = fake_quantize_nvfp4(x.float()).reshape(-1, features)
+    assert torch.equal(bits(values.float()[:, :features].cpu() * tensor_scale.cpu()), bits(emulated))
+    assert (values[:, features:] == 0).all()  # the padding
+    if activation == "ties":
+        assert tensor_scale.item() == 1.0
+        assert (emulated[:, 64:] == 0).all()  # the block whose scale rounds to zero
+        assert ((emulated == 0) & torch.signbit(emulated)).any()  # -0.0 is among what was compared
+
+
+@pytest.mark.parametrize("device", gpu_path_devices())
+def test_the_compiled_weight_decode_keeps_every_code_and_its_sign(device):
+    """The cached weight is decoded per forward by a compiled function: every code times every
+    kind of block scale (zero, subnormal, normal, 448) in bf16, -0.0 included, as the format's
+    own decode gives it."""
+    e4m3 = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    scales = e4m3[torch.isfinite(e4m3.float())]  # the 127 non-negative ones: 0, subnormals ... 448
+    order = torch.randperm(128, generator=torch.Generator().manual_seed(0)) % len(scales)
+    block_scales = scales[order].reshape(8, 16)  # each once (448 twice), in 8 rows of 16 blocks
+    codes = torch.arange(256, dtype=torch.uint8).repeat(4).reshape(8, 128)  # every code pair, 4 times
+    with gpu_path(device):
+        ops, decoded = ops_run(lambda: nvfp4_linear._compiled(decode_scaled_codes)(codes.to(device), block_scales.to(device)))
+    assert ran_compiled_code(ops) and decoded.dtype == torch.bfloat16
+    element_values = decode_e2m1(unpack_codes(codes)).reshape(8, 16, BLOCK_SIZE)
+    expected = (element_values * block_scales.float().unsqueeze(-1)).reshape(8, 256)
+    assert torch.equal(bits(decoded.cpu()), bits(expected))
+    assert ((expected == 0) & torch.signbit(expected)).any()
+
+
+@pytest.mark.parametrize("device", gpu_path_devices())
+@pytest.mark.parametrize("in_features", [256, 200])
+def test_the_gpu_path_linear_is_the_fp32_emulation_up_to_where_fp32_rounds(device, in_features):
+    """nvfp4_linear on the GPU path against F.linear of the fake-quantized operands in fp32. The
+    operands are the same bits (above); the results differ only where fp32 rounds: the GPU path
+    sums exact products of code x block scale and applies both tensor scales after the sum, the
+    emulation rounds each scaled operand and product before summing, and the sums run in
+    different orders. Measured on the CPU: under 2 units of fp32 roundoff of sum |x||w| + |b|
+    (so within 4); a GPU's summation order may add up to in_features more (the worst case)."""
+    x = (gaussian(2, 17, in_features) * 2).to(torch.bfloat16).float()  # bf16 values, fp32 output
+    weight, bias = gaussian(64, in_features, seed=1) / 8, gaussian(64, seed=2)
+    packed = pack_weight(weight, bias, torch.float32)
+    x_hat, w_hat = fake_quantize_nvfp4(x), fake_quantize_nvfp4(weight)
+    emulated = F.linear(x_hat, w_hat, bias)
+    on_device = NVFP4Weight(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in packed))
+    with gpu_path(device):
+        ops, out = ops_run(lambda: nvfp4_linear.nvfp4_linear(x.to(device), on_device))
+    assert ran_compiled_code(ops) and out.dtype == torch.float32 and out.shape == (2, 17, 64)
+    magnitude = x_hat.abs() @ w_hat.abs().t() + bias.abs()
+    units = ((out.cpu() - emulated).abs() / (FP32_UNIT * magnitude)).max().item()
+    assert units <= (4 if device == "cpu" else in_features + 4)
+    # What a bf16 model sees: the same bf16 outputs but where the two fp32 results straddle a
+    # bf16 rounding boundary (one element in thousands), by one bf16 step there.
+    differ = out.cpu().bfloat16() != emulated.bfloat16()
+    assert differ.float().mean().item() < 0.01
+    bf16_step = 2.0**-7 * emulated.abs()
+    assert ((out.cpu().bfloat16().float() - emulated.bfloat16().float()).abs()[differ] <= bf16_step[differ]).all()
 
 
 # --- cross-check against torchao -------------------------------------------------------------

@@ -16,7 +16,10 @@ share with the development machines. Its numerics are the same as ours (amax / 4
 adds what the explorer needs: on CUDA the activation quantization is one ``torch.compile``d
 function (abs-amax and scale-and-cast fused into two kernels), the GEMM is ``torch._scaled_mm``
 with the bias fused, a bf16 output and fast accumulation, and the explorer shares one quantized
-activation between the layers that read the same input (q, k, v; FLUX's proj_mlp too).
+activation between the layers that read the same input (q, k, v; FLUX's proj_mlp too). The tests
+run this GPU path on the CPU as well (quant/gpu_path.py), where _scaled_mm supports both scale
+modes, ignores the fast-accumulation flag, and gave the emulation's fp32 numbers bit for bit in
+every shape tried from 4 rows up (1 to 3 rows sum in another order: a few fp32 ulps).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from solrl_core.quant.gpu_path import compile_quantizer, takes_gpu_path
 
 E4M3_MAX = 448.0
 # _scaled_mm needs both the reduction dim and the output dim to be multiples of 16.
@@ -83,17 +88,17 @@ _COMPILED_QUANTIZE = None
 
 
 def _compiled_quantize():
-    """quantize_fp8 compiled once for CUDA (dynamic shapes: one graph serves every layer)."""
+    """quantize_fp8 compiled once for the GPU path (quant/gpu_path.py: eager's division)."""
     global _COMPILED_QUANTIZE
     if _COMPILED_QUANTIZE is None:
-        _COMPILED_QUANTIZE = torch.compile(quantize_fp8, dynamic=True, fullgraph=True)
+        _COMPILED_QUANTIZE = compile_quantizer(quantize_fp8, fullgraph=True)
     return _COMPILED_QUANTIZE
 
 
 def quantize_activation(x: torch.Tensor, rowwise: bool = False) -> FP8Tensor:
-    """The activation as a row-major [tokens, features] FP8Tensor; compiled on CUDA."""
+    """The activation as a row-major [tokens, features] FP8Tensor; compiled on the GPU path."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.is_cuda:
+    if takes_gpu_path(rows):
         return _compiled_quantize()(rows, rowwise)
     return quantize_fp8(rows, rowwise)
 
@@ -102,8 +107,12 @@ def quantize_activation(x: torch.Tensor, rowwise: bool = False) -> FP8Tensor:
 
 
 def can_use_scaled_mm(x: torch.Tensor, w_fp8: torch.Tensor, rowwise: bool = False) -> bool:
+    """Whether this GEMM runs torch._scaled_mm: on the GPU path, on a GPU with FP8 tensor cores
+    (row-wise scales: sm_90+), for a layer of aligned sizes. The CPU runs both scale modes."""
+    if not takes_gpu_path(x):
+        return False
     minimum = ROWWISE_MIN_CAPABILITY if rowwise else SCALED_MM_MIN_CAPABILITY
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device) < minimum:
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < minimum:
         return False
     out_features, in_features = w_fp8.shape
     # Odd-sized layers are rare and small; emulating them is simpler than padding both operands.

@@ -17,16 +17,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from solrl_core.quant import nvfp4_linear
 from solrl_core.quant.fp8 import FP8Tensor, fp8_matmul, quantize_activation, quantize_fp8
-from solrl_core.quant.nvfp4 import fake_quantize_nvfp4
 from solrl_core.quant.te_nvfp4 import TransformerEngineNVFP4
 
 
 class EmulatedNVFP4:
-    """Exact W4A4 NVFP4: packed weights, bf16 tensor-core GEMMs on CUDA (quant/nvfp4_linear.py)."""
+    """Exact W4A4 NVFP4: packed weights, bf16 tensor-core GEMMs on the GPU path
+    (quant/nvfp4_linear.py)."""
 
     def __init__(self, packages=None):
         self.kernels = nvfp4_linear
@@ -35,22 +34,10 @@ class EmulatedNVFP4:
         return self.kernels.pack_weight(weight, bias, dtype)
 
     def quantize_activation(self, x: torch.Tensor):
-        if x.is_cuda:
-            rows = self.kernels._pad_to_blocks(x.reshape(-1, x.shape[-1]))
-            return self.kernels._compiled(self.kernels.quantize_activation_scaled)(rows)
-        # Fake-quantized in fp32, so a bf16 input is not rounded a second time.
-        return fake_quantize_nvfp4(x.float())
+        return self.kernels.quantize_activation(x)
 
     def matmul(self, activation, cached, x: torch.Tensor) -> torch.Tensor:
-        kernels = self.kernels
-        bias = None if cached.bias is None else cached.bias.float()
-        if x.is_cuda:
-            x_values, x_scale = activation
-            w_values = kernels._compiled(kernels.decode_scaled_codes)(cached.codes, cached.block_scales)
-            out = kernels.factored_linear(x_values, x_scale, w_values, cached.tensor_scale, bias)
-        else:
-            out = F.linear(activation, kernels.dequantize_nvfp4(kernels._as_packed(cached)), bias)
-        return out.to(x.dtype).reshape(*x.shape[:-1], cached.codes.shape[0])
+        return self.kernels.nvfp4_matmul(activation, cached, x)
 
 
 class FP8Weight(NamedTuple):

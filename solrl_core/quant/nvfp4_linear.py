@@ -12,6 +12,11 @@ weight) and decoded to bf16 per forward; decoding reads 0.56 and writes 2 bytes 
 next to a GEMM over thousands of tokens. On a CPU (no bf16 units, and torch's CPU GEMM cannot
 write fp32 from bf16 operands) the same decoded values are multiplied in fp32, which equals the
 fake-quantized reference bit for bit.
+
+The tests run the GPU path on the CPU too (quant/gpu_path.py): its compiled quantizers give the
+fp32 emulation's operands bit for bit, and its output differs from the emulation's only by where
+the fp32 roundings fall (the tensor scales applied after the sum, not to each operand; the order
+of the sum), a few fp32 ulps of sum |x| |w|.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from solrl_core.quant.gpu_path import compile_quantizer, takes_gpu_path
 from solrl_core.quant.nvfp4 import (
     BLOCK_SIZE,
     E2M1_MAGNITUDES,
+    E2M1_SIGN_BIT,
     NVFP4Packed,
     _scale_blocks,
     dequantize_nvfp4,
@@ -31,9 +38,6 @@ from solrl_core.quant.nvfp4 import (
     quantize_nvfp4,
     round_to_e2m1,
 )
-
-# The 16 code values, signed: index = 4-bit code (bit 3 the sign).
-_SIGNED_E2M1 = E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES)
 
 
 class NVFP4Weight(NamedTuple):
@@ -62,10 +66,14 @@ def _as_packed(weight: NVFP4Weight) -> NVFP4Packed:
 
 
 def decode_scaled_codes(codes: torch.Tensor, block_scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
-    """[rows, padded_in] code_value x block_scale, exact in bf16 (no tensor scale)."""
-    table = torch.tensor(_SIGNED_E2M1, device=codes.device, dtype=torch.float32)
-    low, high = (codes & 0x0F).long(), (codes >> 4).long()
-    values = torch.stack((table[low], table[high]), dim=-1).flatten(-2)
+    """[rows, padded_in] code_value x block_scale, exact in bf16 (no tensor scale).
+
+    The sign is applied by a negation, not read from a signed table: inductor's CPU kernels (torch
+    2.14.1) write a -0.0 table entry as 0.0, so the compiled decode would lose code 0b1000's sign."""
+    magnitudes = torch.tensor(E2M1_MAGNITUDES, device=codes.device, dtype=torch.float32)
+    nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)
+    magnitude = magnitudes[(nibbles & 0b0111).long()]
+    values = torch.where((nibbles & E2M1_SIGN_BIT) != 0, -magnitude, magnitude)
     blocks = values.reshape(*values.shape[:-1], -1, BLOCK_SIZE) * block_scales.float().unsqueeze(-1)
     return blocks.flatten(-2).to(dtype)
 
@@ -82,28 +90,34 @@ _COMPILED: dict[str, object] = {}
 
 
 def _compiled(function):
-    """``function`` compiled once for CUDA with dynamic shapes (fuses its elementwise passes)."""
+    """``function`` compiled once for the GPU path (fuses its elementwise passes; eager's division)."""
     if function.__name__ not in _COMPILED:
-        _COMPILED[function.__name__] = torch.compile(function, dynamic=True)
+        _COMPILED[function.__name__] = compile_quantizer(function)
     return _COMPILED[function.__name__]
 
 
 # --- the GEMM ----------------------------------------------------------------------------------
 
-_FP32_OUTPUT_MM: bool | None = None
+# Per device type: whether torch.mm(out_dtype=float32) runs there (a CPU answer must not decide
+# for a GPU in the same process).
+_FP32_OUTPUT_MM: dict[str, bool] = {}
 
 
 def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """bf16 x bf16 accumulated and written in fp32 (torch.mm's out_dtype, CUDA); where that
-    overload is missing, the bf16 output upcast (one extra rounding of each output element)."""
-    global _FP32_OUTPUT_MM
-    if _FP32_OUTPUT_MM is not False:
+    """bf16 x bf16 accumulated and written in fp32 (torch.mm's out_dtype, CUDA). Where that
+    overload is missing: on a GPU the bf16 output upcast (one extra rounding of each output
+    element); on the CPU, which has no such overload, the fp32 GEMM of the exactly upcast
+    operands: a tensor core's numbers (the same exact products, summed in fp32)."""
+    device = a.device.type
+    if _FP32_OUTPUT_MM.get(device, True):
         try:
             out = torch.mm(a, b, out_dtype=torch.float32)
-            _FP32_OUTPUT_MM = True
+            _FP32_OUTPUT_MM[device] = True
             return out
-        except (TypeError, RuntimeError):
-            _FP32_OUTPUT_MM = False
+        except (TypeError, RuntimeError):  # CPU: NotImplementedError, a RuntimeError
+            _FP32_OUTPUT_MM[device] = False
+    if device == "cpu":
+        return torch.mm(a.float(), b.float())
     return torch.mm(a, b).float()
 
 
@@ -119,16 +133,28 @@ def _pad_to_blocks(x2d: torch.Tensor) -> torch.Tensor:
     return F.pad(x2d, (0, padding)) if padding else x2d
 
 
+def quantize_activation(x: torch.Tensor):
+    """The activation as the GEMM below reads it: on the GPU path (code_value x block_scale in
+    bf16, fp32 tensor scale) of the padded [tokens, in] rows, compiled; on the CPU path x
+    fake-quantized in fp32 (so a bf16 input is not rounded a second time)."""
+    if takes_gpu_path(x):
+        rows = _pad_to_blocks(x.reshape(-1, x.shape[-1]))
+        return _compiled(quantize_activation_scaled)(rows)
+    return fake_quantize_nvfp4(x.float())
+
+
+def nvfp4_matmul(activation, weight: NVFP4Weight, x: torch.Tensor) -> torch.Tensor:
+    """[..., out] = activation @ w.T + bias in x's dtype, for an activation from quantize_activation(x)."""
+    bias = None if weight.bias is None else weight.bias.float()
+    if takes_gpu_path(x):
+        x_values, x_scale = activation
+        w_values = _compiled(decode_scaled_codes)(weight.codes, weight.block_scales)
+        out = factored_linear(x_values, x_scale, w_values, weight.tensor_scale, bias)
+    else:
+        out = F.linear(activation, dequantize_nvfp4(_as_packed(weight)), bias)
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.codes.shape[0])
+
+
 def nvfp4_linear(x: torch.Tensor, weight: NVFP4Weight) -> torch.Tensor:
     """W4A4 NVFP4 y = x @ w.T + bias, in x's dtype; the activation quantized now."""
-    out_features = weight.codes.shape[0]
-    if x.is_cuda:
-        rows = _pad_to_blocks(x.reshape(-1, x.shape[-1]))
-        x_values, x_scale = _compiled(quantize_activation_scaled)(rows)
-        w_values = _compiled(decode_scaled_codes)(weight.codes, weight.block_scales)
-        out = factored_linear(x_values, x_scale, w_values, weight.tensor_scale, weight.bias)
-    else:
-        # The activation is fake-quantized in fp32, so a bf16 input is not rounded a second time.
-        out = F.linear(fake_quantize_nvfp4(x.float()), dequantize_nvfp4(_as_packed(weight)),
-                       None if weight.bias is None else weight.bias.float())
-    return out.to(x.dtype).reshape(*x.shape[:-1], out_features)
+    return nvfp4_matmul(quantize_activation(x), weight, x)

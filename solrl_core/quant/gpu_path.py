@@ -1,0 +1,50 @@
+"""Which device takes the explorer's GPU path, and how that path compiles its quantizers.
+
+Each quantized backend has one GPU path (compiled activation quantizers, ``torch._scaled_mm`` for
+FP8, bf16 GEMMs on decoded NVFP4) and one CPU path (the fp32 emulation). torch runs the GPU
+path's operations on the CPU as well, only slower: inductor compiles CPU kernels and
+``torch._scaled_mm`` takes float8 CPU tensors. So the tests and the GPU check's rehearsal run the
+GPU path itself on the CPU inside :func:`gpu_path_on_cpu`, and every backend asks
+:func:`takes_gpu_path` where it branches: there is no second, test-only copy of the GPU code.
+Runs never enter it: on a CPU the emulation is the faster path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+_CPU_TAKES_GPU_PATH = False
+
+# Inductor's Triton code divides fp32 by fp32 with div.full (an approximate division, off by up to
+# 2 ulp) unless asked for IEEE division; eager divides exactly. A quotient off by an ulp moves a
+# value that sits on an E2M1 or E4M3 rounding tie (common with bf16 inputs: ~2e-4 of NVFP4 codes
+# and ~6e-4 of FP8 codes of Gaussian bf16 activations when emulated with a reciprocal multiply), so
+# the compiled quantizers divide as eager does. On the CPU inductor divides exactly anyway; an
+# unknown option name raises in torch.compile, so the CPU tests also keep this name honest.
+QUANTIZER_COMPILE_OPTIONS = {"eager_numerics.division_rounding": True}
+
+
+def takes_gpu_path(x: torch.Tensor) -> bool:
+    """True where ``x`` runs the GPU path: on CUDA, and on the CPU inside gpu_path_on_cpu()."""
+    return x.is_cuda or (_CPU_TAKES_GPU_PATH and x.device.type == "cpu")
+
+
+@contextmanager
+def gpu_path_on_cpu() -> Iterator[None]:
+    """Inside, CPU tensors take the GPU path (the capability checks of real GPUs still apply to
+    CUDA tensors). For tests and the GPU check's rehearsal; not thread-local."""
+    global _CPU_TAKES_GPU_PATH
+    previous, _CPU_TAKES_GPU_PATH = _CPU_TAKES_GPU_PATH, True
+    try:
+        yield
+    finally:
+        _CPU_TAKES_GPU_PATH = previous
+
+
+def compile_quantizer(function, **kwargs):
+    """``function`` compiled for the GPU path, dividing as eager does (dynamic shapes: one graph
+    serves every layer)."""
+    return torch.compile(function, dynamic=True, options=dict(QUANTIZER_COMPILE_OPTIONS), **kwargs)
