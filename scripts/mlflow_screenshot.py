@@ -10,6 +10,7 @@ environment) and a Chromium binary (Debian's ``chromium`` package, /usr/bin/chro
 own browser download needs a network this host does not have.
 
     python scripts/mlflow_screenshot.py --run RUN_ID --out reports/mlflow_metrics_vs_modeled_gpu_hours.png
+    python scripts/mlflow_screenshot.py --experiment ID --group-by solrl.variant --out reports/mlflow_study.png
 """
 
 from __future__ import annotations
@@ -27,36 +28,28 @@ CHART_MENU = "[data-testid='experiment-view-compare-runs-card-menu']"
 SETTLE_MS = 1500  # the UI animates dialogs and re-draws charts after each change
 
 
-def screenshot(ui: str, experiment: str, run: str, out: Path, chromium: str, charts: int) -> None:
+def screenshot(ui: str, experiment: str, run: str | None, out: Path, chromium: str, charts: int,
+               group_by: str | None = None) -> None:
+    """One run's *Model metrics* tab, or (``run`` None) the experiment's chart view of all its runs,
+    grouped by the tag ``group_by`` when given: the eval/ charts against modeled GPU-hours."""
     from playwright.sync_api import sync_playwright  # deferred: optional package playwright
 
-    url = f"{ui.rstrip('/')}/#/experiments/{experiment}/runs/{run}/model-metrics"
+    base = f"{ui.rstrip('/')}/#/experiments/{experiment}"
+    url = f"{base}/runs/{run}/model-metrics" if run else f"{base}?workflowType=machine_learning"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 900})
-        page.goto(url)
-        page.wait_for_timeout(3 * SETTLE_MS)
-        # MLflow 3 opens on its GenAI view; the switch to model training lands on the runs list.
-        page.get_by_text("Model training", exact=True).click()
-        page.goto(url)
-        page.wait_for_timeout(3 * SETTLE_MS)
-        assistant = page.locator("button[aria-label='Close']")
-        if assistant.count():
-            assistant.first.click()
+        _open_in_training_view(page, url)
+        if run is None:
+            page.locator("input[type=radio][value=CHART]").evaluate("radio => radio.click()")  # the chart view
+            page.wait_for_timeout(2 * SETTLE_MS)
+            if group_by:
+                _group_runs_by_tag(page, group_by)
         page.get_by_placeholder("Search metric charts").fill("eval/")
         page.wait_for_timeout(2 * SETTLE_MS)
         for index in range(charts):
-            page.locator(CHART_MENU).nth(index).click()
-            page.get_by_text("Configure", exact=True).click()
-            page.wait_for_timeout(SETTLE_MS)
-            page.get_by_role("radio", name="Metric").check(force=True)
-            page.get_by_text("Select metric", exact=True).click(force=True)
-            page.keyboard.type(X_METRIC)
-            page.wait_for_timeout(SETTLE_MS // 2)
-            page.keyboard.press("Enter")
-            page.get_by_text("Save changes", exact=True).click()
-            page.wait_for_timeout(SETTLE_MS)
-        page.set_viewport_size({"width": 1500, "height": 620})
+            _x_axis_to_gpu_hours(page, index)
+        page.set_viewport_size({"width": 1500, "height": 620 if run else 760})
         page.wait_for_timeout(2 * SETTLE_MS)
         page.mouse.move(1400, 600)  # no hover tooltip over a chart
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,11 +59,49 @@ def screenshot(ui: str, experiment: str, run: str, out: Path, chromium: str, cha
         browser.close()
 
 
+def _open_in_training_view(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_timeout(3 * SETTLE_MS)
+    # MLflow 3 opens on its GenAI view; the switch to model training lands on the runs list.
+    page.get_by_text("Model training", exact=True).first.click()
+    page.goto(url)
+    page.wait_for_timeout(3 * SETTLE_MS)
+    assistant = page.locator("button[aria-label='Close']")
+    if assistant.count():
+        assistant.first.click()
+
+
+def _group_runs_by_tag(page, tag: str) -> None:
+    """The runs table's *Group by* menu: one line per tag value (a family), its seeds aggregated."""
+    page.get_by_role("button", name="Group by").click()
+    page.wait_for_timeout(SETTLE_MS)
+    page.keyboard.type(tag)
+    page.wait_for_timeout(SETTLE_MS)
+    page.get_by_role("menuitemcheckbox", name=tag).first.click()
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(2 * SETTLE_MS)
+
+
+def _x_axis_to_gpu_hours(page, index: int) -> None:
+    """Chart ``index``'s *Configure* dialog: X-axis the metric modeled_gpu_hours_cumulative."""
+    page.locator(CHART_MENU).nth(index).click()
+    page.get_by_text("Configure", exact=True).click()
+    page.wait_for_timeout(SETTLE_MS)
+    page.get_by_role("radio", name="Metric").check(force=True)
+    page.get_by_text("Select metric", exact=True).click(force=True)
+    page.keyboard.type(X_METRIC)
+    page.wait_for_timeout(SETTLE_MS // 2)
+    page.keyboard.press("Enter")
+    page.get_by_text("Save changes", exact=True).click()
+    page.wait_for_timeout(SETTLE_MS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ui", default="http://127.0.0.1:5000", help="MLflow UI address (default: make mlflow-ui's)")
     parser.add_argument("--experiment", default="1", help="experiment id (default 1: the first one a store creates)")
-    parser.add_argument("--run", required=True, help="run id")
+    parser.add_argument("--run", default=None, help="run id (default: the experiment's runs together, its chart view)")
+    parser.add_argument("--group-by", default=None, help="with no --run: group the runs by this tag (e.g. solrl.variant)")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--charts", type=int, default=2, help="eval/ charts to configure (default 2)")
@@ -85,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mlflow_screenshot: no Chromium at {args.chromium}; install Debian's chromium or pass --chromium",
               file=sys.stderr)
         return 2
-    screenshot(args.ui, args.experiment, args.run, args.out, args.chromium, args.charts)
+    screenshot(args.ui, args.experiment, args.run, args.out, args.chromium, args.charts, args.group_by)
     print(f"wrote {args.out}")
     return 0
 
