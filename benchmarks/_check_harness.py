@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -75,19 +74,11 @@ def environment_line(record: dict) -> str:
 
 
 def compile_toolchain_problem(device: torch.device) -> str | None:
-    """Why torch.compile cannot build kernels for ``device``, or None when a tiny function compiles
-    and runs. Checked before the first real kernel so that a missing Triton or C compiler costs
-    one line, not a section."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        return "Triton is not installed"
-    if shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("clang") is None:
-        return "no C compiler (cc, gcc or clang) on PATH"
-    try:
-        probe = torch.compile(lambda x: (x.abs().amax() / 448.0).float(), dynamic=True, fullgraph=True)
-        probe(torch.ones(32, 16, device=device))
-    except Exception as error:  # noqa: BLE001 - any failure of the toolchain means: run eager
-        return f"torch.compile failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
-    return None
+    """Why torch.compile cannot build kernels for ``device``, or None: solrl_core's own check,
+    asked before the first real kernel so that a missing Triton or C compiler costs one line."""
+    from solrl_core.quant.gpu_path import toolchain_problem
+
+    return toolchain_problem(device)
 
 
 def use_eager_quantizers() -> None:

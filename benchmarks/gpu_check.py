@@ -49,6 +49,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _check_harness as harness  # noqa: E402
+from solrl_core.quant.te_nvfp4 import TE_TOKEN_MULTIPLE  # noqa: E402
 
 # --- the GPU run's architectures, each stated once --------------------------------------------
 
@@ -464,7 +465,6 @@ def check_iteration(scale: Scale, backend: str) -> dict:
 # Tokens per sample of each model's GEMMs at its preset resolution: (stream, tokens).
 MODEL_TOKENS = {"flux": (("image", 1024), ("text", 512)), "sana": (("image", 1024), ("caption", 300)),
                 "sd3": (("image", 4096), ("text", 333))}
-TE_TOKEN_MULTIPLE = 16  # Transformer Engine's NVFP4 GEMMs need token counts divisible by 16
 H100_CAPABILITY = (9, 0)
 
 
@@ -622,7 +622,7 @@ def run_check(rehearse: bool, out: Path, echo=print) -> int:
     te_misfits = [f"{stream} ({r['tokens']} tokens: batch a multiple of {r['batch_multiple']})"
                   for stream, r in report["te_token_rule"].items() if not r["ok"]]
     if te_misfits and environment["transformer-engine"]:
-        echo(f"te-nvfp4 needs batch x tokens divisible by {TE_TOKEN_MULTIPLE}; batch {scale.batch} misses it for "
+        echo(f"te-nvfp4 pads batch x tokens to a multiple of {TE_TOKEN_MULTIPLE}; batch {scale.batch} pads "
              + ", ".join(te_misfits))
     save = partial(write_json, out)
     save(report)

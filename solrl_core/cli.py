@@ -299,6 +299,7 @@ def _start_torchrun(args, launch, config, out_dir: Path, writer: bool) -> int:
         check_reward_files(list(config.rewards) + list(config.eval.rewards), config.reward_paths)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None
+    launching.check_local_gpus(launch, resolve_device(config.model.device).type)
     launching.check_reachable(launch)
     if writer:
         writable_or_raise(out_dir)

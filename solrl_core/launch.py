@@ -92,6 +92,24 @@ def checked(launch: Launch) -> Launch:
     return launch
 
 
+def check_local_gpus(launch: Launch, device_type: str, visible: int | None = None) -> None:
+    """On GPUs a rank takes one GPU of its machine (distributed.process_group), so a node's ranks
+    must not outnumber the GPUs it shows; more would put two ranks on one GPU or fail in NCCL's
+    setup, minutes in. CPU ranks (gloo) share the cores and have no such limit."""
+    if device_type != "cuda":
+        return
+    import torch
+
+    visible = torch.cuda.device_count() if visible is None else visible
+    if launch.nproc_per_node > visible:
+        shown_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={shown_devices})" if shown_devices is not None else ""
+        instead = (f"use --nproc-per-node {visible} or fewer, or make more GPUs visible" if visible else
+                   "run on the CPU (-S model.device=cpu) or on a machine with GPUs")
+        raise DistributedError(f"--nproc-per-node {launch.nproc_per_node} needs one GPU per rank, but this machine "
+                               f"shows {visible}{where}: {instead}")
+
+
 def check_reachable(launch: Launch) -> None:
     if launch.nnodes > 1:
         check_rendezvous(launch.rdzv_endpoint, hosts_store=launch.node_rank == 0,

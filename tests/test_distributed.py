@@ -150,6 +150,8 @@ def test_torchrun_itself_runs_the_cli(tmp_path, one_process):
 @pytest.mark.parametrize("arguments, message", [
     (["-S", "prompts_per_iteration=3", "--nproc-per-node", "2"], "not divisible by the world size"),
     (["--nproc-per-node", "0"], "--nproc-per-node (0) must be >= 1"),
+    # one rank per GPU: this machine shows none, so two CUDA ranks cannot start
+    (["-S", "model.device=cuda", "--nproc-per-node", "2"], "needs one GPU per rank, but this machine shows 0"),
     (["--nproc-per-node", "2", "--nnodes", "2"], "needs --rdzv-endpoint"),
     (["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1",
       "--rank-timeout", "3"], "nothing answered"),
@@ -250,3 +252,13 @@ def test_two_nodes_on_one_machine_run_one_job(tmp_path, one_process, record_prop
             _stop_group(process)
     record_property("two_node_run_s", round(time.monotonic() - started, 1))
     assert_equivalent(outputs(out), outputs(one_process))
+
+
+def test_ranks_on_gpus_never_outnumber_the_gpus_a_node_shows():
+    from solrl_core.distributed import DistributedError
+    from solrl_core.launch import Launch, check_local_gpus
+
+    check_local_gpus(Launch(nproc_per_node=8), "cuda", visible=8)
+    check_local_gpus(Launch(nproc_per_node=4), "cpu", visible=0)  # gloo ranks share the cores
+    with pytest.raises(DistributedError, match=r"machine shows 2.*--nproc-per-node 2 or fewer"):
+        check_local_gpus(Launch(nproc_per_node=4, nnodes=2, rdzv_endpoint="h:1"), "cuda", visible=2)

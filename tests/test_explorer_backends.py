@@ -23,7 +23,7 @@ from solrl_core.quant.explorer import Explorer, build_explorer
 from solrl_core.quant.nvfp4 import E2M1_MAGNITUDES, fake_quantize_nvfp4, quantize_nvfp4
 from solrl_core.quant.nvfp4_linear import (decode_scaled_codes, factored_linear, pack_weight,
                                            quantize_activation_scaled)
-from solrl_core.quant.te_nvfp4 import RECIPE_SETTINGS
+from solrl_core.quant.te_nvfp4 import RECIPE_SETTINGS, TransformerEngineNVFP4
 
 
 def gaussian(*shape, seed=0):
@@ -330,6 +330,7 @@ class FakeTE:
     def __init__(self):
         self.recipes, self.layers_built_in_quantized_init, self.autocasts, self.copies = [], [], 0, 0
         self.in_init = False
+        self.rows = []
         fake = self
 
         class Recipe:
@@ -350,6 +351,9 @@ class FakeTE:
 
             def forward(self, x):
                 assert fake.active, "te.Linear called outside the recipe's autocast"
+                # TE's NVFP4 GEMM takes [rows, features] with rows divisible by 16
+                assert x.dim() == 2 and x.shape[0] % 16 == 0, f"TE cannot take rows {tuple(x.shape)}"
+                fake.rows.append(x.shape[0])
                 return F.linear(x, self.weight, self.bias)
 
         self.Linear = Linear
@@ -399,3 +403,18 @@ def test_te_nvfp4_builds_spec_s_recipe_quantizes_weights_once_and_enters_autocas
         run(model)
         run(model)
     assert fake.autocasts == 1  # once around all forwards, not once per layer
+
+
+def test_te_nvfp4_pads_rows_to_tes_multiple_and_returns_only_the_real_rows():
+    """SANA's caption stream has 300 tokens a sample: batch x 300 rows are not a multiple of 16 at
+    most batch sizes, and TE's NVFP4 GEMM refuses them. The rows are zero-padded and cut off again."""
+    fake = FakeTE()
+    backend = TransformerEngineNVFP4((fake, fake.recipe_module))
+    weight, bias = torch.randn(64, 32), torch.randn(64)
+    layer = backend.quantize_weight(weight, bias, torch.float32)
+    x = torch.randn(3, 300, 32)  # 900 rows: 12 short of 912
+    with backend.session():
+        y = backend.forward(layer, x)
+    assert fake.rows == [912] and y.shape == (3, 300, 64) and y.dtype == x.dtype
+    expected = F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16), bias.to(torch.bfloat16)).float()
+    assert torch.equal(y, expected)

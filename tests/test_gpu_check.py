@@ -85,11 +85,11 @@ def test_a_missing_required_package_refuses_in_one_line(tmp_path, monkeypatch, c
 
 
 def test_a_failed_compile_toolchain_falls_back_to_eager(monkeypatch):
-    from solrl_core.quant import fp8, nvfp4_linear
+    from solrl_core.quant import fp8, gpu_path, nvfp4_linear
 
     monkeypatch.setattr(fp8, "_COMPILED_QUANTIZE", None)
     monkeypatch.setattr(nvfp4_linear, "_COMPILED", {})
-    monkeypatch.setattr(harness.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_path.shutil, "which", lambda name: None)
     problem = harness.compile_toolchain_problem(torch.device("cpu"))
     assert problem and "C compiler" in problem
     harness.use_eager_quantizers()
@@ -145,3 +145,23 @@ def test_the_rehearsal_runs_every_section_of_the_gpu_check(tmp_path):
         v["verdict"] for v in report["verdicts"] if v["verdict"].startswith("not measured")}
     assert not any(v["verdict"] in ("pass", "FAIL") for v in report["verdicts"])
     assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+
+def test_a_run_without_a_compile_toolchain_quantizes_eager_with_one_warning(monkeypatch, capsys):
+    """The explorer's compiled quantizers fall back to eager (the same codes) where torch.compile
+    cannot build kernels, warning once per process instead of failing the run at the first layer."""
+    from solrl_core.quant import fp8, gpu_path
+
+    monkeypatch.setattr(gpu_path.shutil, "which", lambda name: None)
+    gpu_path.compile_toolchain_problem.cache_clear()
+    try:
+        quantize = gpu_path.compile_quantizer(fp8.quantize_fp8, fullgraph=True)
+        x = torch.randn(8, 32, dtype=torch.bfloat16)
+        first, second = quantize(x), quantize(2 * x)
+        expected = fp8.quantize_fp8(x)
+        assert torch.equal(first.data.view(torch.uint8), expected.data.view(torch.uint8))
+        assert torch.equal(first.scale, expected.scale) and torch.equal(second.scale, 2 * expected.scale)
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and "no C compiler" in warnings[0] and "eager" in warnings[0]
+    finally:
+        gpu_path.compile_toolchain_problem.cache_clear()

@@ -11,6 +11,10 @@ Runs never enter it: on a CPU the emulation is the faster path.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,5 +50,41 @@ def gpu_path_on_cpu() -> Iterator[None]:
 
 def compile_quantizer(function, **kwargs):
     """``function`` compiled for the GPU path, dividing as eager does (dynamic shapes: one graph
-    serves every layer)."""
-    return torch.compile(function, dynamic=True, options=dict(QUANTIZER_COMPILE_OPTIONS), **kwargs)
+    serves every layer). Where torch.compile cannot build kernels for the input's device (no
+    Triton, no C compiler, a toolchain that fails), ``function`` itself runs: the same numbers
+    (the compiled quantizers divide as eager does), more kernels, with one warning."""
+    compiled = torch.compile(function, dynamic=True, options=dict(QUANTIZER_COMPILE_OPTIONS), **kwargs)
+
+    @functools.wraps(function)
+    def quantizer(x: torch.Tensor, *args, **more):
+        problem = compile_toolchain_problem(x.device.type)
+        return (function if problem else compiled)(x, *args, **more)
+
+    return quantizer
+
+
+@functools.cache
+def compile_toolchain_problem(device_type: str) -> str | None:
+    """Why torch.compile cannot build kernels for this device type, or None when a tiny function
+    compiles and runs. Asked once per process and device type, before the first real kernel, so a
+    missing toolchain costs one warning line instead of a failed run."""
+    problem = toolchain_problem(torch.device(device_type))
+    if problem is not None:
+        print(f"warning: torch.compile unavailable on {device_type} ({problem}): the explorer's quantizers "
+              f"run eager, with the same numbers but slower", file=sys.stderr)
+    return problem
+
+
+def toolchain_problem(device: torch.device) -> str | None:
+    """compile_toolchain_problem's check itself, asked anew each call (the GPU check reports it)."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    if shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("clang") is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    try:
+        probe = torch.compile(lambda x: (x.abs().amax() / 448.0).float(), dynamic=True, fullgraph=True)
+        probe(torch.ones(32, 16, device=device))
+    except Exception as error:  # noqa: BLE001 - any failure of the toolchain means: run eager
+        first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"torch.compile failed: {type(error).__name__}: {first_line}"
+    return None

@@ -14,6 +14,10 @@ explorer runs no backward; turning them off keeps the recipe exactly the format 
   per layer.
 - A layer whose sizes Transformer Engine's NVFP4 GEMM cannot take (not multiples of 32) runs the
   exact emulation instead.
+- TE's NVFP4 GEMM also needs the number of rows (batch x tokens) divisible by 16, which SANA's
+  300-token caption stream misses at most batch sizes: the rows are zero-padded to a multiple of
+  16 and the padding cut from the output. Zero rows add nothing to the per-tensor amax TE scales
+  the activation by, so the real rows' codes are the ones they would be unpadded.
 
 Transformer Engine is imported here only, when the backend is built; tests without it pass a
 stand-in module and check what this code asks of it.
@@ -31,6 +35,7 @@ from solrl_core.quant.nvfp4_linear import NVFP4Weight, nvfp4_linear, pack_weight
 # Keyword arguments of NVFP4BlockScaling that make it SPEC §3's format.
 RECIPE_SETTINGS = {"disable_2d_quantization": True, "disable_rht": True, "disable_stochastic_rounding": True}
 TE_ALIGNMENT = 32
+TE_TOKEN_MULTIPLE = 16  # rows (batch x tokens) of an NVFP4 GEMM's input
 
 
 def _import_transformer_engine():
@@ -86,4 +91,7 @@ class TransformerEngineNVFP4:
     def forward(self, cached, x: torch.Tensor) -> torch.Tensor:
         if isinstance(cached, NVFP4Weight):
             return nvfp4_linear(x, cached)
-        return cached(x.to(torch.bfloat16)).to(x.dtype)
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        padding = -rows.shape[0] % TE_TOKEN_MULTIPLE
+        out = cached(torch.nn.functional.pad(rows, (0, 0, 0, padding)) if padding else rows)
+        return out[:rows.shape[0]].reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
