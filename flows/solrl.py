@@ -199,14 +199,12 @@ def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: st
 
 
 def _is_stop_signal(error: BaseException) -> bool:
-    """Ctrl-C, SIGTERM as the CLI raises it (a KeyboardInterrupt too) or as Prefect's engine does
-    during a flow run; or any error after one arrived (under torchrun, a collective that broke off
-    as a peer stopped)."""
+    """A stop (solrl_core.interrupts), SIGTERM also as Prefect's engine raises it in a flow run."""
     from prefect.exceptions import TerminationSignal
 
     from solrl_core import interrupts
 
-    return isinstance(error, (KeyboardInterrupt, TerminationSignal)) or interrupts.received() is not None
+    return interrupts.is_stop_signal(error, also=(TerminationSignal,))
 
 
 def run_locally(**parameters) -> dict:

@@ -53,6 +53,15 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
+def is_stop_signal(error: BaseException, also: tuple[type[BaseException], ...] = ()) -> bool:
+    """Whether ``error`` ended a run because it was stopped (MLflow's KILLED) rather than failed:
+    Ctrl-C, SIGTERM as :func:`stopping_on_signals` raises it (a KeyboardInterrupt too), an
+    orchestrator's own stop exception among ``also`` (Prefect's TerminationSignal in a flow run);
+    or any error after a stop signal arrived (under torchrun, a collective that broke off as a peer
+    stopped)."""
+    return isinstance(error, (KeyboardInterrupt, *also)) or received() is not None
+
+
 def _on_stop_signal(signum: int, frame) -> None:
     _received.append(signum)
     if len(_received) == 1:
