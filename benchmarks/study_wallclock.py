@@ -4,7 +4,7 @@ writes JSON. Nothing is trained.
     .venv/bin/python benchmarks/study_wallclock.py --out reports/benchmarks/study_wallclock.json
 
 How: every run stage (family x seed, ablation point x seed) is sized to its budget exactly as the
-stage sizes itself (flows.study's config, solrl_core.compare.size_to_budget on its modeled
+stage sizes itself (solrl_core.study's config, solrl_core.compare.size_to_budget on its modeled
 iteration), which gives its iterations and evaluations. The calls each training stage makes per
 iteration come from accounting.stage_flops, which multiplies a per-call quantity by the number of
 calls; here it is fed measured CPU seconds per call instead of FLOPs: one sample through the
@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
-from flows.study import ablation_config, family_config, load_study  # noqa: E402
+from solrl_core.study import ablation_config, family_config, load_study  # noqa: E402
 from solrl_core import stages  # noqa: E402
 from solrl_core.accounting import Flops, SampleFlops, stage_flops  # noqa: E402
 from solrl_core.adaptive import schedule_counts  # noqa: E402
@@ -48,7 +48,7 @@ from solrl_core.rewards.registry import RewardSet  # noqa: E402
 from solrl_core.training import should_evaluate  # noqa: E402
 
 TRAINING = ("explore", "rank", "regenerate", "update", "requantize")
-IMPORTS = "import flows.study, solrl_core.compare, solrl_core.training, solrl_core.fidelity"
+IMPORTS = "import solrl_core.study, solrl_core.compare, solrl_core.training, solrl_core.fidelity"
 
 
 def cpu_seconds(call, repeats: int = 3) -> float:

@@ -5,6 +5,7 @@ orchestrator. Every message, option and exit code is solrl_core.cli's.
 
     solrl run --preset shapes-tiny --out runs/demo      # the console script
     python -m flows.cli run ...                         # the same, e.g. under torchrun -m
+    python -m flows.cli sweep ...                       # where the console script is not on the PATH
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ def train_in_flow_context(context_file: Path, config, out_dir: Path, **options) 
     train(context_file, config, out_dir, **options)
 
 
-RUNNERS = cli.FlowRunners(run_locally=run_locally, train_in_flow_context=train_in_flow_context)
+def sweep(**parameters) -> dict:
+    from flows.sweep import sweep as sweep_flow  # deferred for start-up time, as above
+
+    return sweep_flow(**parameters)
+
+
+RUNNERS = cli.FlowRunners(run_locally=run_locally, train_in_flow_context=train_in_flow_context, sweep=sweep)
 
 
 def main(argv: list[str] | None = None) -> int:

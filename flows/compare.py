@@ -14,69 +14,13 @@ Two ways in:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from solrl_core.compare import COMPARE_METRICS_FILE, compare_finished_runs, write_metrics  # noqa: F401 - re-exported
 from solrl_core.config import parse_override
-
-
-def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
-                          families: list[str] | None = None, seeds: list[int] | None = None) -> dict:
-    """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
-    runs in ``runs_dir/<name>/`` or, one per run seed, ``runs_dir/<name>/seed-<s>/`` (each with
-    summary.json, metrics.jsonl and the evaluation images).
-
-    ``families`` (in their order) and ``seeds`` pick the runs; without them every finished run is
-    compared, the families in presets.FAMILIES's order. A named run that is not there is an error,
-    and a run left over from an earlier selection is not read."""
-    from solrl_core import compare
-    from solrl_core.presets import FAMILIES
-
-    started = time.perf_counter()
-    found = compare.finished_results(runs_dir, families)
-    if not found:
-        raise FileNotFoundError(f"no finished runs (summary.json) under {runs_dir}")
-    if seeds is not None:
-        found = _only_seeds(found, seeds, runs_dir)
-    order = {name: index for index, name in enumerate(families or FAMILIES)}
-    results = {name: found[name] for name in sorted(found, key=lambda name: (order.get(name, len(order)), name))}
-    variants = {name: runs[0]["config"] for name, runs in results.items()}
-    first = next(iter(variants.values()))
-    report = compare.build_report(variants, results, budget_gpu_hours, compare.metric_name(first.rewards),
-                                  compare.weighted_metric(first.rewards), command)
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    compare.write_outputs(report, results, out_dir)
-    write_metrics(report, out_dir / COMPARE_METRICS_FILE)
-    return report
-
-
-def _only_seeds(found: dict[str, list[dict]], seeds: list[int], runs_dir: Path) -> dict[str, list[dict]]:
-    """Each variant's runs of ``seeds``, in that order; a missing one is named."""
-    picked = {}
-    for name, runs in found.items():
-        by_seed = {run["seed"]: run for run in runs}
-        missing = [seed for seed in seeds if seed not in by_seed]
-        if missing:
-            raise FileNotFoundError(f"no finished run of {name} seed {missing[0]} in {runs_dir / name}")
-        picked[name] = [by_seed[seed] for seed in seeds]
-    return picked
-
-
-COMPARE_METRICS_FILE = "compare_metrics.json"
-
-
-def write_metrics(report: dict, path: Path) -> None:
-    """The headline numbers as a flat metrics file (``dvc exp show`` and ``dvc metrics`` columns)."""
-    metrics = {"speedup_to_equal_reward": report.get("speedup_to_equal_reward"),
-               **{f"final_reward.{name}": entry["final_reward"] for name, entry in report["families"].items()},
-               **{f"modeled_gpu_hours.{name}": entry["modeled_gpu_hours_used"]
-                  for name, entry in report["families"].items()}}
-    path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
 
 
 def _variants(preset: str, families: list[str], ablation: str | None, overrides: list[str]) -> dict:

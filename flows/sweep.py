@@ -15,13 +15,15 @@ them. Every point is sized to the budget exactly as `solrl compare` sizes it and
   instead of training them again; a point already finished is not run again, an interrupted one
   is resumed from its checkpoint.
 
-    python -m flows.sweep --devices 8 --budget-gpu-hours 2 --seeds 0 1 2 --out reports/sweep
-    python -m flows.sweep --devices 8 --budget-gpu-hours 2 --ablation pool --seeds 0 1 --out reports/pool
+Its command is `solrl sweep` (arguments checked in solrl_core.cli_studies); ``python -m flows.sweep``
+is the same command:
+
+    solrl sweep --devices 8 --budget-gpu-hours 2 --seeds 0,1,2 --out reports/sweep
+    solrl sweep --devices 8 --budget-gpu-hours 2 --ablation pool --seeds 0,1 --out reports/pool
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -111,7 +113,7 @@ def sweep(budget_gpu_hours: float, devices: int, out: str = "reports/sweep", pre
     if failed:
         raise RuntimeError(f"sweep: {len(failed)} of {len(points)} runs did not complete ({', '.join(failed)}); "
                            f"run the sweep again to resume them")
-    report = compare_finished_runs(out_dir / "runs", out_dir, budget_gpu_hours, command="flows.sweep",
+    report = compare_finished_runs(out_dir / "runs", out_dir, budget_gpu_hours, command="solrl sweep",
                                    families=list(dict.fromkeys(p.name for p in points)))
     logger.info(f"sweep: {len(points)} runs ({sum(p.reused for p in points)} reused); wrote {out_dir / 'compare.json'}")
     return {"runs": len(points), "reused": sum(p.reused for p in points), "out": str(out_dir),
@@ -146,30 +148,10 @@ def run_points(points: list[Point], devices: int, deployment: str, preset: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.sweep",
-                                     description="a comparison's or an ablation's runs over several devices")
-    parser.add_argument("--devices", type=int, required=True, help="devices of the worker's machine (one run each)")
-    parser.add_argument("--budget-gpu-hours", type=float, required=True)
-    parser.add_argument("--out", default="reports/sweep")
-    parser.add_argument("--preset", default="shapes-tiny")
-    parser.add_argument("--families", nargs="+", default=None)
-    parser.add_argument("--ablation", default=None)
-    parser.add_argument("--seeds", type=int, nargs="+", default=None)
-    parser.add_argument("--evaluations", type=int, default=6)
-    parser.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--deployment", default=None, help="the training deployment (default solrl/<preset>)")
-    parser.add_argument("--poll-seconds", type=float, default=5.0, help="how often finished runs are looked for")
-    args = parser.parse_args(argv)
-    try:
-        result = sweep(budget_gpu_hours=args.budget_gpu_hours, devices=args.devices, out=args.out, preset=args.preset,
-                       families=args.families, ablation=args.ablation, seeds=args.seeds,
-                       evaluations=args.evaluations, overrides=args.overrides, deployment=args.deployment,
-                       poll_seconds=args.poll_seconds)
-    except (ConfigError, KeyError, FileExistsError, RuntimeError) as error:
-        print(f"sweep: error: {error.args[0] if error.args else error}".splitlines()[0], file=sys.stderr)
-        return 2 if not isinstance(error, RuntimeError) else 1
-    print(json.dumps(result))
-    return 0
+    """``python -m flows.sweep ARGS``: `solrl sweep ARGS`."""
+    from flows.cli import main as solrl
+
+    return solrl(["sweep", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The `solrl` command: run, check, config, presets, families, pretrain, sample, fidelity, compare.
+"""The `solrl` command: run, check, config, presets, families, pretrain, sample, fidelity, compare,
+study (the DVC study's stages), sweep.
 
 User errors (bad config, unknown names, missing model files, an unwritable output directory, a
 checkpoint that cannot be resumed) end with exit code 2 and one line on stderr, before anything is
@@ -14,8 +15,9 @@ A flag that is short for a setting (`--iterations N` for `-S iterations=N`, `sol
 for `-S accounting.device=D`) may be given beside that setting only with the same value: a conflict
 is a user error, not one of them silently winning.
 
-`solrl run` trains through the Prefect flow, which this library does not import: the console
-script (flows/cli.py) passes the flow's entry points in as :class:`FlowRunners`.
+`solrl run` trains through the Prefect flow and `solrl sweep` runs the sweep flow, which this
+library does not import: the console script (flows/cli.py) passes their entry points in as
+:class:`FlowRunners`.
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ class FlowRunners:
     ``run_locally(**parameters) -> summary`` runs the Prefect flow in this process (Prefect's
     ephemeral server unless PREFECT_API_URL is set); ``train_in_flow_context(context_file, config,
     out_dir, tracking=, tracking_uri=, resume=)`` runs rank 0 of a torchrun job started by a
-    deployment's flow run, reporting into that flow run."""
+    deployment's flow run, reporting into that flow run; ``sweep(**parameters) -> result`` runs
+    the sweep flow (flows/sweep.py)."""
 
     run_locally: Callable[..., dict]
     train_in_flow_context: Callable[..., None]
+    sweep: Callable[..., dict] | None = None
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -473,7 +477,8 @@ def _command(argv: list[str] | None, runners: FlowRunners | None) -> int:
         args = build_parser().parse_args(argv)
         one_value_each(args)
         apply_config_file(args)
-        commands = {**COMMANDS, "run": functools.partial(command_run, runners=runners)}
+        commands = {**COMMANDS, "run": functools.partial(command_run, runners=runners),
+                    "sweep": functools.partial(COMMANDS["sweep"], runners=runners)}
         return commands[args.command](args)
     except (UserError, ConfigError, CheckpointError) as error:
         if _is_main_rank():  # every rank finds the same user error: one line, not one per rank

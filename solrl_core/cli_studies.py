@@ -1,12 +1,15 @@
-"""The measuring subcommands of `solrl`: `fidelity` (ranking study) and `compare` (equal budget).
+"""The measuring subcommands of `solrl`: `fidelity` (ranking study), `compare` (equal budget),
+`study base|run|compare` (the DVC study's stages) and `sweep` (a comparison over many GPUs).
 
 Kept beside cli.py so the training commands stay short. User errors raise ConfigError, which the
 `solrl` entry point turns into one line on stderr and exit code 2, before anything is written.
+List flags take one comma-separated value in every subcommand (solrl_core.cli_syntax).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -19,11 +22,12 @@ import torch
 from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
 from solrl_core.accounting import DEVICE_PROFILES
 from solrl_core.adaptive import schedule_problem
-from solrl_core.command_errors import RunFailed
+from solrl_core.cli_syntax import add_list_argument
+from solrl_core.command_errors import RunFailed, UserError
 from solrl_core.config import MAX_COUNT, ConfigError, parse_override, shown
 from solrl_core.fidelity import FidelityPlan, format_result, parse_schedules, plot_fidelity, run_fidelity
 from solrl_core.models.loading import ModelFilesMissing
-from solrl_core.presets import FAMILIES, resolve_config
+from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 from solrl_core.quant.explorer import BACKENDS, build_explorer
 from solrl_core.recost import check_also_profiles
 
@@ -36,9 +40,10 @@ def add_study_commands(commands) -> None:
     fidelity.add_argument("--preset", default="shapes-tiny", help="preset name (default shapes-tiny; `solrl presets` lists them with descriptions)")
     fidelity.add_argument("--prompts", type=int, default=64, help="held-out prompts (default 64)")
     fidelity.add_argument("--pool", type=int, default=96, help="seeds per prompt (default 96)")
-    fidelity.add_argument("--explore-steps", default="6", help="explorer step counts, e.g. 2,4,6,8 (default 6)")
-    fidelity.add_argument("--backend", default="emulated-nvfp4,fp8",
-                          help="explorer backends, e.g. emulated-nvfp4,fp8 (default both)")
+    add_list_argument(fidelity, "--explore-steps", "2,4,6,8", default="6",
+                      help="explorer step counts, e.g. 2,4,6,8 (default 6)")
+    add_list_argument(fidelity, "--backend", "emulated-nvfp4,fp8", default="emulated-nvfp4,fp8",
+                      help="explorer backends, e.g. emulated-nvfp4,fp8 (default both)")
     fidelity.add_argument("--adaptive", default=None,
                           help="adaptive-exploration schedules to measure beside the fixed scheme, STEP:SURVIVORS "
                                "pairs, ';' between schedules, e.g. '1:48,2:24;2:48,4:32' (default: none)")
@@ -51,21 +56,60 @@ def add_study_commands(commands) -> None:
     compare = commands.add_parser("compare", help="train the families to one GPU-hour budget and compare")
     compare.add_argument("--preset", default="shapes-tiny", help="preset name (default shapes-tiny; `solrl presets` lists them with descriptions)")
     compare.add_argument("--budget-gpu-hours", type=float, help="modeled GPU-hours each family may spend")
-    compare.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of families (default all: {','.join(FAMILIES)}; `solrl families` describes them)")
+    add_list_argument(compare, "--families", "sol_rl,diffusionnft", default=",".join(FAMILIES),
+                      help=f"comma list of families (default all: {','.join(FAMILIES)}; `solrl families` describes them)")
     compare.add_argument("--ablation", default=None,
                          help=f"compare the points of one ablation of sol_rl instead: {', '.join(ABLATIONS)}")
     compare.add_argument("--device", default=None, help="device profile (same as -S accounting.device=...)")
     compare.add_argument("--evaluations", type=int, default=6, help="evaluations per family over the budget")
-    compare.add_argument("--seeds", default=None,
-                         help="run seeds, e.g. 0,1,2: every family trained once per seed into runs/<family>/seed-<s>, "
-                              "reported as mean ± SE with bootstrap intervals (default: one run, the config's seed)")
-    compare.add_argument("--also-profile", default=None,
-                         help="device profiles to re-cost the same runs under, e.g. B200-measured, or none "
-                              "(default: B200-measured when the runs' profile is B200)")
+    add_list_argument(compare, "--seeds", "0,1,2", default=None,
+                      help="run seeds, e.g. 0,1,2: every family trained once per seed into runs/<family>/seed-<s>, "
+                           "reported as mean ± SE with bootstrap intervals (default: one run, the config's seed)")
+    add_list_argument(compare, "--also-profile", "B200-measured", default=None,
+                      help="device profiles to re-cost the same runs under, e.g. B200-measured, or none "
+                           "(default: B200-measured when the runs' profile is B200)")
     compare.add_argument("--out", required=True, help="output directory (compare.json, compare.png, compare.md, ...)")
     compare.add_argument("--readme-only", action="store_true",
                          help="only rebuild OUT/README.md from the reports already in OUT")
     _add_overrides(compare)
+    _add_study_stages(commands.add_parser("study", help="the DVC study's stages: base, run, compare "
+                                                        "(dvc.yaml, params.yaml; docs/study.md)"))
+    _add_sweep(commands.add_parser("sweep", help="a comparison's or an ablation's runs as Prefect deployment "
+                                                 "runs over the devices of one machine"))
+
+
+def _add_study_stages(study: argparse.ArgumentParser) -> None:
+    stages = study.add_subparsers(dest="stage", required=True)
+    base = stages.add_parser("base", help="what every run starts from: pretrain the embedded world's checkpoint, "
+                                          "or check a real model's files and write their manifest")
+    base.add_argument("--params", default="params.yaml", help="the study (default params.yaml)")
+    base.add_argument("--overwrite-packaged", action="store_true",
+                      help="allow rebuilding the packaged base checkpoint (as for `solrl pretrain`)")
+    for name, text in (("run", "train one (family or ablation point, seed) of the study"),
+                       ("compare", "compare the study's finished runs (families, or one ablation's points)")):
+        stage = stages.add_parser(name, help=text)
+        stage.add_argument("--root", required=True, help="the study's report folder (dvc.yaml's ${root})")
+        stage.add_argument("--params", default="params.yaml", help="the study (default params.yaml)")
+        stage.add_argument("--ablation", default=None, help="an ablation of the params' ablations")
+        if name == "run":
+            stage.add_argument("--family", default=None, help="an entry of the params' families")
+            stage.add_argument("--point", default=None, help="the ablation's point")
+            stage.add_argument("--seed", type=int, required=True, help="one of the study's seeds")
+
+
+def _add_sweep(sweep: argparse.ArgumentParser) -> None:
+    sweep.add_argument("--devices", type=int, required=True, help="devices of the worker's machine (one run each)")
+    sweep.add_argument("--budget-gpu-hours", type=float, required=True, help="modeled GPU-hours each run may spend")
+    sweep.add_argument("--out", default="reports/sweep", help="output directory (default reports/sweep)")
+    sweep.add_argument("--preset", default="shapes-tiny", help="preset name (default shapes-tiny)")
+    add_list_argument(sweep, "--families", "sol_rl,diffusionnft", default=None,
+                      help="comma list of families (default all)")
+    sweep.add_argument("--ablation", default=None, help=f"sweep one ablation's points instead: {', '.join(ABLATIONS)}")
+    add_list_argument(sweep, "--seeds", "0,1,2", default=None, help="run seeds (default 0)")
+    sweep.add_argument("--evaluations", type=int, default=6, help="evaluations per run over the budget")
+    _add_overrides(sweep)
+    sweep.add_argument("--deployment", default=None, help="the training deployment (default solrl/<preset>)")
+    sweep.add_argument("--poll-seconds", type=float, default=5.0, help="how often finished runs are looked for")
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -313,4 +357,69 @@ def _command_line(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(part) for part in parts)
 
 
-STUDY_COMMANDS = {"fidelity": command_fidelity, "compare": command_compare}
+def command_study(args: argparse.Namespace) -> int:
+    """A stage of the DVC study; FileExistsError (a run folder in the way), FileNotFoundError (a
+    comparison without its runs) and missing model files are user errors, one line."""
+    from solrl_core.study import ablation_dir, compare_study, load_study, run_one
+    from solrl_core.study_base import make_base
+
+    one_value_each(args)
+    study = load_study(Path(args.params))
+    try:
+        if args.stage == "base":
+            make_base(study, overwrite_packaged=args.overwrite_packaged)
+            return 0
+        root = Path(args.root)
+        if args.stage == "compare":
+            compare_study(study, root, args.ablation, command=_study_command_line(args))
+            print(f"wrote {(ablation_dir(root, args.ablation) if args.ablation else root) / 'compare.json'}")
+            return 0
+        if (args.family is None) == (args.ablation is None) or (args.ablation is None) != (args.point is None):
+            raise ConfigError("study run: give --family F, or --ablation A with --point P")
+        print(f"wrote {run_one(study, root, args.seed, args.family, args.ablation, args.point)}")
+    except (FileExistsError, FileNotFoundError, ModelFilesMissing) as error:
+        raise ConfigError(str(error.args[0] if error.args else error)) from None
+    return 0
+
+
+def _study_command_line(args: argparse.Namespace) -> str:
+    """The comparison stage's command, recorded in compare.json."""
+    parts = ["solrl", "study", args.stage, "--root", args.root, "--params", args.params]
+    parts += ["--ablation", args.ablation] if args.ablation else []
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+def command_sweep(args: argparse.Namespace, runners=None) -> int:
+    """The sweep flow (flows/sweep.py), passed in by the `solrl` console script as ``runners.sweep``:
+    the arguments are checked here, before Prefect starts."""
+    one_value_each(args)
+    _count(args.devices, "--devices", 1)
+    if not math.isfinite(args.budget_gpu_hours) or args.budget_gpu_hours <= 0:
+        raise ConfigError(f"--budget-gpu-hours ({args.budget_gpu_hours}) must be a positive number, e.g. 2")
+    if args.preset not in PRESETS:
+        raise ConfigError(f"unknown --preset {shown(args.preset, 40)}; allowed: {', '.join(PRESETS)}")
+    if args.ablation is not None and args.ablation not in ABLATIONS:
+        raise ConfigError(f"unknown --ablation {shown(args.ablation, 40)}; allowed: {', '.join(ABLATIONS)}")
+    families = None if args.families is None else _name_list(args.families, "--families", FAMILIES)
+    _count(args.evaluations, "--evaluations", 1)
+    if not math.isfinite(args.poll_seconds) or args.poll_seconds <= 0:
+        raise ConfigError(f"--poll-seconds ({args.poll_seconds}) must be a positive number of seconds")
+    if runners is None or getattr(runners, "sweep", None) is None:
+        raise UserError("solrl sweep runs a Prefect flow, which solrl_core.cli cannot start on its own: "
+                        "use the `solrl` command (or python -m flows.cli sweep ...)")
+    try:
+        result = runners.sweep(budget_gpu_hours=args.budget_gpu_hours, devices=args.devices, out=args.out,
+                               preset=args.preset, families=families, ablation=args.ablation,
+                               seeds=_seed_list(args.seeds), evaluations=args.evaluations,
+                               overrides=list(args.overrides), deployment=args.deployment,
+                               poll_seconds=args.poll_seconds)
+    except (KeyError, FileExistsError) as error:  # an unknown deployment, a run folder in the way
+        raise ConfigError(str(error.args[0] if error.args else error)) from None
+    except RuntimeError as failure:  # some runs did not complete: running it again resumes them
+        raise RunFailed(str(failure)) from None
+    print(json.dumps(result))
+    return 0
+
+
+STUDY_COMMANDS = {"fidelity": command_fidelity, "compare": command_compare, "study": command_study,
+                  "sweep": command_sweep}

@@ -35,7 +35,7 @@ from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
 from solrl_core.config import Config, from_dict, set_key, to_dict
 from solrl_core.ledger import METRICS_FILE, SUMMARY_FILE, atomic_write, write_json
 from solrl_core.mappings import changed_settings
-from solrl_core.presets import validate
+from solrl_core.presets import FAMILIES, validate
 from solrl_core.prompts import evaluation_prompts
 from solrl_core.recost import check_also_profiles, recosted_hours
 from solrl_core.rewards.registry import RewardSet
@@ -327,6 +327,58 @@ def run_comparison(variants: dict[str, Config], budget_gpu_hours: float, out_dir
     report["seconds"] = round(time.perf_counter() - started, 1)
     write_outputs(report, results, out_dir)
     return report
+
+
+def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
+                          families: list[str] | None = None, seeds: list[int] | None = None) -> dict:
+    """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
+    runs in ``runs_dir/<name>/`` or, one per run seed, ``runs_dir/<name>/seed-<s>/`` (each with
+    summary.json, metrics.jsonl and the evaluation images).
+
+    ``families`` (in their order) and ``seeds`` pick the runs; without them every finished run is
+    compared, the families in presets.FAMILIES's order. A named run that is not there is an error,
+    and a run left over from an earlier selection is not read."""
+    started = time.perf_counter()
+    found = finished_results(runs_dir, families)
+    if not found:
+        raise FileNotFoundError(f"no finished runs (summary.json) under {runs_dir}")
+    if seeds is not None:
+        found = _only_seeds(found, seeds, runs_dir)
+    order = {name: index for index, name in enumerate(families or FAMILIES)}
+    results = {name: found[name] for name in sorted(found, key=lambda name: (order.get(name, len(order)), name))}
+    variants = {name: runs[0]["config"] for name, runs in results.items()}
+    first = next(iter(variants.values()))
+    report = build_report(variants, results, budget_gpu_hours, metric_name(first.rewards),
+                                  weighted_metric(first.rewards), command)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_outputs(report, results, out_dir)
+    write_metrics(report, out_dir / COMPARE_METRICS_FILE)
+    return report
+
+
+def _only_seeds(found: dict[str, list[dict]], seeds: list[int], runs_dir: Path) -> dict[str, list[dict]]:
+    """Each variant's runs of ``seeds``, in that order; a missing one is named."""
+    picked = {}
+    for name, runs in found.items():
+        by_seed = {run["seed"]: run for run in runs}
+        missing = [seed for seed in seeds if seed not in by_seed]
+        if missing:
+            raise FileNotFoundError(f"no finished run of {name} seed {missing[0]} in {runs_dir / name}")
+        picked[name] = [by_seed[seed] for seed in seeds]
+    return picked
+
+
+COMPARE_METRICS_FILE = "compare_metrics.json"
+
+
+def write_metrics(report: dict, path: Path) -> None:
+    """The headline numbers as a flat metrics file (``dvc exp show`` and ``dvc metrics`` columns)."""
+    metrics = {"speedup_to_equal_reward": report.get("speedup_to_equal_reward"),
+               **{f"final_reward.{name}": entry["final_reward"] for name, entry in report["families"].items()},
+               **{f"modeled_gpu_hours.{name}": entry["modeled_gpu_hours_used"]
+                  for name, entry in report["families"].items()}}
+    write_json(path, metrics)
 
 
 def build_report(variants: dict[str, Config], results: dict, budget: float, metric_label: str,

@@ -23,6 +23,7 @@ import torch
 
 from solrl_core.checkpoint import _ADAPTERS as CHECKPOINT_ADAPTERS  # the checkpoint's key prefix of the adapters
 from solrl_core.checkpoint import CHECKPOINT, CheckpointError, load_verified, one_line_error, read_metadata
+from solrl_core.cli_syntax import add_list_argument
 from solrl_core.command_errors import UserError
 from solrl_core.compare import _pyplot, _wrap  # the reports' sample grids draw the same way
 from solrl_core.config import MAX_COUNT, Config, ConfigError, from_dict
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="a run's output folder (finished, or still running)")
     parser.add_argument("--prompt", action=_Repeated, default=(), help="a prompt (repeat for more)")
     parser.add_argument("--prompt-file", help="a text file, one prompt per line (after any --prompt)")
-    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"noise seeds, comma list (default {DEFAULT_SEEDS})")
+    add_list_argument(parser, "--seeds", "0,1,2", default=DEFAULT_SEEDS,
+                      help=f"noise seeds, comma list (default {DEFAULT_SEEDS})")
     parser.add_argument("--adapter", default="ema", choices=ADAPTERS,
                         help="ema (what the run evaluates, default), trained, or base (no adapter)")
     parser.add_argument("--out", help="folder for the PNG files, grid-ADAPTER.png and samples-ADAPTER.json "

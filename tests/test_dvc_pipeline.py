@@ -1,7 +1,7 @@
 """The project's dvc.yaml on the reduced study (params-ci.yaml as params.yaml) in a temporary git +
-DVC repository: one `dvc repro` skips the committed pretraining and runs every other stage (the
-fidelity sweep, families x seeds, the comparison, both ablations' points and their comparisons,
-the report); no two stages declare one output; a second `dvc repro` does nothing; an experiment
+DVC repository: one `dvc repro` skips the base stage (the committed checkpoint: no pretraining)
+and runs every other stage (the fidelity sweep, families x seeds, the comparison, both ablations'
+points and their comparisons, the report); no two stages declare one output; a second `dvc repro` does nothing; an experiment
 that changes one ablation's points reruns that ablation's stages (and the report) alone; a queued
 sweep is listed by `dvc exp show`; and a run stage, run alone, writes its own run folder and
 nothing else.
@@ -61,8 +61,8 @@ def repo(tmp_path_factory):
 
     sh("git", "init", "-q")
     sh(DVC, "init", "-q")
-    # The committed checkpoint is the pretrain stage's output: record it without retraining.
-    sh(DVC, "commit", "-f", "pretrain")
+    # The committed checkpoint is the base stage's output: record it without retraining.
+    sh(DVC, "commit", "-f", "base")
     sh("git", "add", "-A")
     sh("git", "commit", "-qm", "reduced pipeline")
     return path, sh
@@ -122,12 +122,12 @@ def test_repro_runs_the_pipeline_and_versions_ledger_and_lora(repo):
     runs = {f"train@{family}-{seed}" for family in study["families"] for seed in study["seeds"]}
     points = {f"{name}@{point}-{seed}" for name, section in study["ablations"].items()
               for point in section["points"] for seed in section["seeds"]}
-    assert stages == {"pretrain", "fidelity", "compare", "report", *runs, *points,
+    assert stages == {"base", "fidelity", "compare", "report", *runs, *points,
                       *(f"ablation@{name}" for name in study["ablations"])}
 
     result = sh(DVC, "repro")
-    assert "'pretrain' didn't change" in result.stdout, result.stdout[-2000:]
-    assert ran_stages(result.stdout) == stages - {"pretrain"}, result.stdout[-2000:]
+    assert "'base' didn't change" in result.stdout, result.stdout[-2000:]
+    assert ran_stages(result.stdout) == stages - {"base"}, result.stdout[-2000:]
     # No two stages declare one output, nor one inside another's.
     outputs = declared_outputs(path, stages)
     assert len(outputs) == len(set(outputs))

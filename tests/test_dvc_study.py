@@ -1,4 +1,4 @@
-"""The DVC study's params (flows/study.py): params.yaml is the whole study (five families and
+"""The DVC study's params (solrl_core/study.py, `solrl study`): params.yaml is the whole study (five families and
 sol_rl with the FP8 explorer x three seeds, the paper's ablation points, each run a valid config),
 params-ci.yaml the same study reduced, bad params stop a stage with one line and exit code 2,
 writing nothing, and a family variant trains and is compared as its family with its own keys."""
@@ -13,11 +13,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.study import ablation_config, family_config, family_of, load_study, main
+from flows.cli import main as solrl
 from solrl_core.ablations import ABLATION_KEYS, ABLATIONS
 from solrl_core.config import ConfigError, get_key
 from solrl_core.presets import FAMILIES
+from solrl_core.study import ablation_config, family_config, family_of, load_study
 from tests._services import ROOT
+
+
+def main(arguments: list[str]) -> int:
+    """`solrl study ARGUMENTS`, in this process."""
+    return solrl(["study", *arguments])
 
 
 def test_params_yaml_is_the_whole_study_and_every_run_of_it_resolves():
@@ -267,7 +273,7 @@ def test_a_malformed_params_file_is_one_short_line_naming_it(tmp_path, capsys, n
         params.unlink()  # a 4 GB file, even a sparse one, is not left behind
     error = capsys.readouterr().err
     assert code == 2 and error.count("\n") == 1 and len(error) < 400, error[:1000]
-    assert error.startswith("study: error: ") and "params.yaml" in error and "Traceback" not in error
+    assert error.startswith("solrl: error: ") and "params.yaml" in error and "Traceback" not in error
     for needle in needles:
         assert needle in error, (needle, error)
     assert not (tmp_path / "pipeline").exists()
@@ -291,7 +297,7 @@ NAME_TEXT = st.text(st.characters(categories=["L", "N", "P", "S", "Z", "Cc"]), m
 def test_any_family_name_is_refused_or_names_one_folder_inside_the_root(tmp_path, name):
     """The property behind the cases above: whatever a families key is, the study refuses it, or its
     runs' folder is one safe component directly under root/runs."""
-    from flows.study import variant_dir
+    from solrl_core.study import variant_dir
 
     params = tmp_path / "params.yaml"
     study = yaml.safe_load((ROOT / "params-ci.yaml").read_text())
@@ -307,3 +313,30 @@ def test_any_family_name_is_refused_or_names_one_folder_inside_the_root(tmp_path
     folder = variant_dir(root, name)
     assert folder.parent == root / "runs" and folder.resolve().parent == (root / "runs").resolve()
     assert name in loaded.families and name not in (".", "..")
+
+
+# ---------------------------------------------------------------------------------------------
+# A study run's MLflow run ends as `solrl run`'s does: KILLED when stopped, FAILED when it failed.
+
+@pytest.mark.parametrize("stop, status", [(KeyboardInterrupt, "KILLED"), (RuntimeError, "FAILED")])
+def test_a_stopped_study_run_is_killed_in_mlflow_and_a_failed_one_failed(tmp_path, monkeypatch, stop, status):
+    """Ctrl-C (SIGTERM unwinds the same way) while the run trains, raised where the run's own log
+    line is written; or an error there."""
+    from mlflow import MlflowClient
+
+    from solrl_core.study import run_one
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    study = load_study(write_params(tmp_path, lambda p: None))
+    root = tmp_path / "pipeline"
+    run_dir = root / "runs" / "sol_rl" / "seed-0"
+
+    def stop_once_tracked(line: str) -> None:
+        if (run_dir / "mlflow_run.json").exists():  # the MLflow run is open
+            raise stop("stopped mid-run")
+
+    with pytest.raises(stop):
+        run_one(study, root, 0, family="sol_rl", log=stop_once_tracked)
+    run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
+    assert MlflowClient(uri).get_run(run_id).info.status == status

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import datetime
 
 import pytest
@@ -43,8 +42,8 @@ def test_sweep_runs_the_grid_over_two_devices(tmp_path, record_property):
     with prefect_server_with_deployment(tmp_path, concurrency_limit=DEVICES) as (api, env):
         worker = [str(BIN / "prefect"), "worker", "start", "--pool", "solrl-process", "--type", "process", "--limit", "1"]
         with service(worker, tmp_path / "worker0.log", env, ROOT), service(worker, tmp_path / "worker1.log", env, ROOT):
-            command = [sys.executable, "-m", "flows.sweep", "--devices", str(DEVICES), "--budget-gpu-hours", str(BUDGET),
-                       "--families", *FAMILIES, "--seeds", *map(str, SEEDS), "--evaluations", "1",
+            command = [str(BIN / "solrl"), "sweep", "--devices", str(DEVICES), "--budget-gpu-hours", str(BUDGET),
+                       "--families", ",".join(FAMILIES), "--seeds", ",".join(map(str, SEEDS)), "--evaluations", "1",
                        "--poll-seconds", "2", "--out", str(out), *[part for o in TINY for part in ("-S", o)]]
             result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900,
                                     stdin=subprocess.DEVNULL)
