@@ -323,7 +323,7 @@ def _rl_gain_section(report_dir: Path) -> str | None:
              f"Finished runs of make run's job ({reference}), each with the settings it changed against the preset "
              f"(read from the run's own summary.json by `benchmarks/rl_gain.py`); gain = final minus base held-out "
              f"{trained}, ± SE over seeds where there are several; peak = best evaluation during the run. "
-             f"Goal (issue 10): gain ≥ +{goal['gain']:.2f} with the untrained "
+             f"Goal: gain ≥ +{goal['gain']:.2f} with the untrained "
              f"{', '.join(untrained)} falling by at most {goal['untrained_drop_at_most']:.2f}."
              + (_terms_sentence(report) if terms else "") + (_wide_sentence(wide) if wide else "") + "\n",
              f"| settings changed | seeds | iterations | gain | peak gain | {' | '.join(untrained)} change | "
