@@ -218,6 +218,11 @@ class _SharedActivation:
         self.source, self.version, self.value = None, None, None
 
     def get(self, x: torch.Tensor, quantize: Callable[[torch.Tensor], object]):
+        if torch.compiler.is_compiling():
+            # In a compiled block (model.compile) the compiler sees the layers' common input
+            # itself; a tensor held here across calls would be guarded on, and its shape changing
+            # from block to block would recompile the block.
+            return quantize(x)
         version = _version_of(x)
         if version is not None and self.source is x and self.version == version:
             return self.value

@@ -57,6 +57,11 @@ def compile_quantizer(function, **kwargs):
 
     @functools.wraps(function)
     def quantizer(x: torch.Tensor, *args, **more):
+        if torch.compiler.is_compiling():
+            # Inside a compiled block (model.compile): traced into the block's graph, so the
+            # quantizer fuses with its neighbours; dynamo would also trace through the cached
+            # toolchain probe below as if uncached, and break the graph on its file checks.
+            return function(x, *args, **more)
         problem = compile_toolchain_problem(x.device.type)
         return (function if problem else compiled)(x, *args, **more)
 
@@ -71,7 +76,7 @@ def compile_toolchain_problem(device_type: str) -> str | None:
     problem = toolchain_problem(torch.device(device_type))
     if problem is not None:
         print(f"warning: torch.compile unavailable on {device_type} ({problem}): the explorer's quantizers "
-              f"run eager, with the same numbers but slower", file=sys.stderr)
+              f"and model.compile run eager, with the same numbers but slower", file=sys.stderr)
     return problem
 
 
