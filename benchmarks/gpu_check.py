@@ -330,25 +330,23 @@ def flux_inputs(config: dict, scale: Scale, device, dtype) -> dict:
     return inputs
 
 
-def _blocks(model) -> list:
-    return [*model.transformer_blocks, *model.single_transformer_blocks]
-
-
 def compile_blocks(model, compile_problem: str | None) -> bool:
-    """Compile each transformer block in place (regional compilation: one graph per block kind,
-    names and explorer layers unchanged), so BF16 and every explorer variant run the same compiled
-    blocks and their speeds compare fairly. False: the toolchain cannot compile, all run eager."""
+    """Compile each transformer block in place as a run's model.compile=blocks does (one graph per
+    block kind, names and explorer layers unchanged), so BF16 and every explorer variant run the
+    same compiled blocks and their speeds compare fairly. False: the toolchain cannot compile, all
+    run eager."""
+    from solrl_core.models.compilation import compile_transformer
+    from solrl_core.models.registry import MODELS
+
     if compile_problem is not None:
         return False
-    for block in _blocks(model):
-        block.compile(dynamic=False)
-    return True
+    return compile_transformer(model, "blocks", MODELS["flux"].repeated_blocks, next(model.parameters()).device) > 0
 
 
 def uncompile_blocks(model) -> None:
-    # nn.Module.compile() keeps the compiled call in _compiled_call_impl; None restores the eager one.
-    for block in _blocks(model):
-        block._compiled_call_impl = None
+    from solrl_core.models.compilation import uncompile_transformer
+
+    uncompile_transformer(model)
 
 
 def timed_variant(forward, device, scale: Scale, reference: torch.Tensor | None, mode: str) -> tuple[dict, torch.Tensor]:

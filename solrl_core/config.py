@@ -28,6 +28,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # model.device: "auto" or a torch device of one of these types ("cpu", "cuda", "cuda:1", ...);
 # "meta", "lazy" and the like parse but hold no data to sample with.
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+# model.compile: the transformer's sampling forwards eager, compiled by repeated block, or whole
+# (solrl_core.models.compilation).
+COMPILE_MODES = ("none", "blocks", "whole")
 
 
 # Every integer size, count and step number must fit a 32-bit int: larger ones are not runnable
@@ -63,6 +66,10 @@ class ModelConfig:
     offload_encoders: bool = False
     # Keep the (FP32) reward models on the CPU except while a stage scores with them.
     offload_rewards: bool = False
+    # torch.compile the transformer's forwards without gradients (explore, regenerate, evaluate, the
+    # update's old-policy and reference forwards): "none", "blocks" (each repeated block in place,
+    # regional compilation) or "whole". Not yet measured on a GPU, so "none" everywhere by default.
+    compile: str = "none"
 
 
 @dataclass

@@ -19,7 +19,8 @@ from solrl_core.checkpoint import NonFiniteState
 from solrl_core.config import Config, rollout_steps, train_steps
 from solrl_core.models.adapters import EMA, OLD, TRAINED, active_adapter, attach_adapters, blend_adapters
 from solrl_core.models.policy import FlowPolicy
-from solrl_core.models.registry import load_policy
+from solrl_core.models.compilation import compile_transformer
+from solrl_core.models.registry import load_policy, model_spec
 from solrl_core.nft import ema_decay, group_advantages, nft_loss, old_policy_rate, optimality_weight
 from solrl_core.progress import progress
 from solrl_core.quant.backends import check_runs_here
@@ -121,6 +122,9 @@ def initial_state(config: Config) -> RunState:
     policy = load_policy(config)
     lora = config.train.lora
     attach_adapters(policy.transformer, lora.rank, lora.alpha, lora.targets, seed=config.seed)
+    # After the adapters: the compiled blocks trace the LoRA layers peft put in.
+    compile_transformer(policy.transformer, config.model.compile, model_spec(config.model.loader).repeated_blocks,
+                        policy.device)
     trainable = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2),
                                   weight_decay=config.train.weight_decay)

@@ -15,7 +15,8 @@ import torch
 
 from solrl_core.accounting import profile_problem
 from solrl_core.adaptive import schedule_problem
-from solrl_core.config import DEVICE_TYPES, DTYPES, MAX_COUNT, Config, ConfigError, shown, config_keys, get_key
+from solrl_core.config import (COMPILE_MODES, DEVICE_TYPES, DTYPES, MAX_COUNT, Config, ConfigError, config_keys, get_key,
+                               shown)
 from solrl_core.families import FAMILIES
 from solrl_core.models.registry import MODELS
 from solrl_core.nft import ADVANTAGE_MODES
@@ -37,6 +38,8 @@ def check_config(config: Config, presets: Collection[str]) -> Config:
              f"unknown selection '{config.selection}'; allowed: {', '.join(KEEP_RULES)}")
     _require(config.sampler.kind in SAMPLERS, f"unknown sampler.kind '{config.sampler.kind}'; allowed: {', '.join(SAMPLERS)}")
     _require(config.model.dtype in DTYPES, f"unknown model.dtype '{config.model.dtype}'; allowed: {', '.join(DTYPES)}")
+    _require(config.model.compile in COMPILE_MODES,
+             f"unknown model.compile '{config.model.compile}'; allowed: {', '.join(COMPILE_MODES)}")
     _require(config.model.loader in MODELS,
              f"unknown model.loader '{config.model.loader}'; allowed: {', '.join(MODELS)}")
     _require(_is_device(config.model.device),

@@ -57,6 +57,7 @@ INVALID_RUNS = {
     "unknown_family": (["--family", "grpo"], ["family", "grpo"]),
     "unknown_reward": (["-S", "rewards={nope: 1.0}"], ["reward", "nope"]),
     "unknown_backend": (["-S", "explore.backend=int3"], ["explore.backend", "int3"]),
+    "unknown_compile_mode": (["-S", "model.compile=fast"], ["model.compile", "fast", "none, blocks, whole"]),
     "zero_explore_steps": (["-S", "explore.steps=0"], ["explore.steps"]),
     "zero_regenerate_steps": (["-S", "regenerate.steps=0"], ["regenerate.steps"]),
     "zero_lr": (["-S", "train.lr=0"], ["train.lr"]),

@@ -43,8 +43,8 @@ from solrl_core import cli, cli_studies
 from solrl_core.accounting import AUTO_PROFILE, DEVICE_PROFILES
 from flows.cli import main
 from solrl_core.cli import build_parser
-from solrl_core.config import (MAX_COUNT, Config, ConfigError, config_keys, declared_type, from_dict, get_key,
-                               parse_override, to_yaml)
+from solrl_core.config import (COMPILE_MODES, MAX_COUNT, Config, ConfigError, config_keys, declared_type, from_dict,
+                               get_key, parse_override, to_yaml)
 from solrl_core.models.registry import MODELS
 from solrl_core.nft import ADVANTAGE_MODES
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
@@ -163,6 +163,7 @@ FLOAT_RANGES = {  # valid values of each float key
 STRING_CHOICES = {  # valid values of each validated string key
     "explore.backend": BACKENDS, "sampler.kind": ("euler", "dpm2"), "model.dtype": ("auto", "float32", "bfloat16"),
     "model.loader": tuple(MODELS), "model.device": ("auto", "cpu", "cuda", "cuda:1"),
+    "model.compile": COMPILE_MODES,
     "accounting.device": tuple(DEVICE_PROFILES), "train.adv_mode": ADVANTAGE_MODES,
 }
 

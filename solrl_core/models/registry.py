@@ -55,6 +55,9 @@ class ModelSpec:
     check_files: Callable[[ModelConfig], Path]
     # None: the embedded world, whose run preset is presets.PRESETS["shapes-tiny"].
     preset: ModelPreset | None = None
+    # Class names of the transformer's repeated blocks, each compiled in place by model.compile=blocks
+    # (solrl_core.models.compilation); diffusers' _repeated_blocks where the class declares them.
+    repeated_blocks: tuple[str, ...] = ()
 
 
 def _load_shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
@@ -107,10 +110,16 @@ SD3_QUANT_SKIP = ["pos_embed.*", "time_text_embed.*", "context_embedder", "*norm
                   "norm_out.*", "proj_out", "*.ff_context.*"]
 ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
 JOINT_ATTENTION = ATTENTION + ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+# The repeated blocks of each transformer class: FluxTransformer2DModel's dual- and single-stream
+# blocks (its own _repeated_blocks), SanaTransformer2DModel's and SD3Transformer2DModel's blocks
+# (those classes declare none).
+FLUX_BLOCKS = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+SANA_BLOCKS = ("SanaTransformerBlock",)
+SD3_BLOCKS = ("JointTransformerBlock",)
 
 # SPEC section 8, one record per model: the data that differs between models.
 MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
-    ModelSpec("shapes-tiny", _load_shapes_tiny, _check_tiny_files),
+    ModelSpec("shapes-tiny", _load_shapes_tiny, _check_tiny_files, repeated_blocks=FLUX_BLOCKS),
     ModelSpec("flux", load_flux, _folder_check(FLUX_DEV), ModelPreset(
         "flux.1-dev", "FLUX.1-dev (FluxPipeline), 512 px, DPM-Solver-2, guidance embedding 1.0",
         settings={
@@ -122,7 +131,7 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
         },
         runs={"flux-imagereward": {"imagereward": 1.0}, "flux-clipscore": {"clipscore": 1.0}},
         # FLUX's shift follows its resolution.
-        derived={"sampler.shift": lambda config: flux_shift(config.model.resolution)})),
+        derived={"sampler.shift": lambda config: flux_shift(config.model.resolution)}), FLUX_BLOCKS),
     ModelSpec("sana", load_sana, _folder_check(SANA_1600M), ModelPreset(
         "sana-1.6b", "SANA 1.6B (SanaPipeline), 1024 px, Euler",
         settings={
@@ -133,7 +142,7 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
             "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
             "eval": {"steps": 40},
         },
-        runs={"sana-hpsv2": {"hpsv2": 1.0}})),
+        runs={"sana-hpsv2": {"hpsv2": 1.0}}), SANA_BLOCKS),
     ModelSpec("sd3", load_sd3, _folder_check(SD35_LARGE), ModelPreset(
         "sd3.5-large", "Stable Diffusion 3.5 Large (StableDiffusion3Pipeline), 1024 px, DPM-Solver-2",
         settings={
@@ -143,7 +152,7 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
             "train": {"timestep_fraction": 0.6, "lora": {"targets": JOINT_ATTENTION}},
             "eval": {"steps": 40},
         },
-        runs={"sd35l-pickscore": {"pickscore": 1.0}})),
+        runs={"sd35l-pickscore": {"pickscore": 1.0}}), SD3_BLOCKS),
 )}
 
 
