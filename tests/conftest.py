@@ -26,3 +26,14 @@ def tiny_reward_folders(tmp_path_factory):
     import _tiny
 
     return _tiny.save_reward_models(tmp_path_factory.mktemp("tiny-rewards"))
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """A finished one-iteration tiny run (tests/_run_process.py's SMALL), run once a session: the
+    resume and fault-matrix tests read it or damage a copy of it, never the folder itself."""
+    from tests._run_process import run_process
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_process(out, "iterations=1") == 0
+    return out

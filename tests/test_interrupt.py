@@ -14,7 +14,9 @@ signal once its second checkpoint is written; then:
   the run to its end; a tracked run's MLflow run is KILLED, then FINISHED by the resume.
 
 Seconds from the signal to the exit are recorded as the property ``stop_s`` (no limit asserted:
-they are figures for docs/reliability.md, measured on whatever machine runs the suite).
+they are figures for docs/reliability.md, measured on whatever machine runs the suite). Ctrl-C to
+the group and SIGTERM to the main process alone, each resumed, are rows of the fault matrix
+(tests/test_fault_matrix.py), which drives them with the helpers here.
 """
 
 from __future__ import annotations
@@ -225,38 +227,14 @@ def a_tracking_store(tmp_path: Path) -> str:
 # --- the tests -------------------------------------------------------------------------------
 
 
-def test_ctrl_c_to_the_group_stops_the_run_and_resume_continues_it(tmp_path, record_property):
-    """The user's report: Ctrl-C in the terminal (SIGINT to the whole group) after the second
-    checkpoint, no tracking."""
-    out = tmp_path / "run"
-    result, running = interrupt(solrl_run("--iterations", str(ITERATIONS), "--no-tracking", "--out", str(out)),
-                                out, tmp_path / "run", signal.SIGINT, to_group=True, record_property=record_property)
-    done = assert_stopped_in_one_line(result, signal.SIGINT, out, f"solrl run --resume {out}")
-    assert_the_server_was_running(running)
-    resume_to_the_end(out, done, tmp_path / "resumed", "--no-tracking")
-
-
-def test_sigterm_to_the_run_alone_closes_its_mlflow_run_as_killed(tmp_path, record_property):
-    """A supervisor's SIGTERM to the main process only, the run tracked: MLflow shows it KILLED,
-    and the resume continues the same MLflow run to FINISHED."""
-    out, uri = tmp_path / "run", a_tracking_store(tmp_path)
-    command = solrl_run("--iterations", str(ITERATIONS), "--tracking-uri", uri, "--out", str(out))
-    result, running = interrupt(command, out, tmp_path / "run", signal.SIGTERM, to_group=False,
-                                record_property=record_property)
-    done = assert_stopped_in_one_line(result, signal.SIGTERM, out, f"solrl run --resume {out}")
-    assert_the_server_was_running(running)
-    assert mlflow_status(uri, out) == "KILLED"
-    resume_to_the_end(out, done, tmp_path / "resumed", "--tracking-uri", uri)
-    assert mlflow_status(uri, out) == "FINISHED"
-
-
 @pytest.mark.parametrize(("signum", "to_group", "tracking"), [
     (signal.SIGTERM, True, False),
     (signal.SIGINT, False, True),
 ], ids=["sigterm-to-the-group", "sigint-to-the-run-alone-tracked"])
 def test_either_signal_either_way_stops_the_run(tmp_path, record_property, signum, to_group, tracking):
     """The other two ways of sending: SIGTERM to the group (``kill -TERM -PGID``), SIGINT to the
-    main process alone; the checkpoint is whole (resuming from it is the tests above)."""
+    main process alone; the checkpoint is whole (resuming from it: the fault matrix's SIGINT and
+    SIGTERM rows, tests/test_fault_matrix.py)."""
     out = tmp_path / "run"
     uri = a_tracking_store(tmp_path) if tracking else None
     command = solrl_run("--iterations", str(ITERATIONS), *(["--tracking-uri", uri] if uri else ["--no-tracking"]),

@@ -21,24 +21,13 @@ from safetensors.torch import load_file
 
 from solrl_core.checkpoint import CHECKPOINT, read_metadata
 from solrl_core.run_lock import LOCK_FILE
+from tests._run_process import ITERATIONS, SMALL, run_process
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-ITERATIONS = 4
-# Two optimizer steps per iteration (the preset's) so that "update" can strike between them.
-SMALL = ["prompts_per_iteration=2", "pool=8", "keep=4", "eval.prompts=2", "eval.seeds_per_prompt=2", "eval.steps=4",
-         "eval.every=2", "explore.steps=3", "regenerate.steps=4", "train.micro_batch=64", "train.steps_per_iteration=2",
-         "progress=false", f"iterations={ITERATIONS}"]
 # Keys of a metrics record that are wall-clock measurements, not results.
 TIMING = ("seconds",)
-
-
-def run_process(out: Path, *extra: str, fault: str | None = None, resume: bool = False) -> int:
-    environment = {**os.environ, "SOLRL_FAULT": fault or ""}
-    command = [sys.executable, str(ROOT / "tests" / "_run_process.py"), str(out), *(["--resume"] if resume else []),
-               *SMALL, *extra]
-    return subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, text=True, timeout=900).returncode
 
 
 def run_cli(*arguments: str, log: Path, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -164,13 +153,6 @@ def test_a_finished_run_extends_like_a_longer_run(reference, tmp_path):
     assert all(torch.equal(extended["lora"][key], value) for key, value in reference["lora"].items())
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    assert run_process(out, "iterations=1") == 0
-    return out
-
-
 @pytest.mark.parametrize(("arguments", "expected"), [
     (["-S", "pool=16"], "these overrides would change it: pool"),
     (["-S", "train.lr=1e-2", "-S", "seed=3"], "would change it: seed, train.lr"),
@@ -258,21 +240,6 @@ def test_an_untouched_run_passes_the_digest_check(finished_run, tmp_path):
     assert metadata["digests"]["metrics.jsonl"] == [line_digest(line) for line in lines]
 
 
-def test_resume_refuses_a_checkpoint_with_flipped_bytes_naming_it(finished_run, tmp_path, capsys):
-    """A few bytes flipped in the tensor data (the header intact) load without complaint from
-    safetensors; the digest the checkpoint recorded of its tensors refuses them."""
-    import shutil
-
-    damaged = tmp_path / "damaged"
-    shutil.copytree(finished_run, damaged)
-    data = bytearray((damaged / CHECKPOINT).read_bytes())
-    middle = 8 + int.from_bytes(data[:8], "little") + (len(data) - 8 - int.from_bytes(data[:8], "little")) // 2
-    data[middle:middle + 4] = bytes(byte ^ 0xFF for byte in data[middle:middle + 4])
-    (damaged / CHECKPOINT).write_bytes(bytes(data))
-    err = _resume_refusal(damaged, capsys)
-    assert f"{damaged / CHECKPOINT} is damaged" in err and "resume" not in err.split(" is damaged")[1]
-
-
 def test_the_final_adapters_are_verified_by_their_reader(finished_run, tmp_path):
     from solrl_core.checkpoint import CheckpointError, load_verified
 
@@ -283,19 +250,6 @@ def test_the_final_adapters_are_verified_by_their_reader(finished_run, tmp_path)
     (tmp_path / "lora.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=f"{tmp_path / 'lora.safetensors'} is damaged"):
         load_verified(tmp_path / "lora.safetensors", "adapter file")
-
-
-def test_a_damaged_metrics_line_the_checkpoint_covers_is_refused_by_file_and_line(finished_run, tmp_path, capsys):
-    """The issue's case: the last line cut mid-record; the checkpoint covers it, so nothing can
-    restore it, and the line says so rather than advising the resume that just failed."""
-    import shutil
-
-    cut = tmp_path / "cut"
-    shutil.copytree(finished_run, cut)
-    text = (cut / "metrics.jsonl").read_text()
-    (cut / "metrics.jsonl").write_text(text[: len(text) // 2])
-    err = _resume_refusal(cut, capsys)
-    assert f"line 1 of {cut / 'metrics.jsonl'} is damaged" in err and "--resume" not in err
 
 
 def test_a_damaged_metrics_line_past_the_checkpoint_is_dropped_like_any_uncovered_line(finished_run, tmp_path):
