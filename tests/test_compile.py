@@ -59,7 +59,8 @@ def loss_and_gradients(state: stages.RunState) -> tuple[torch.Tensor, dict[str, 
     latents = torch.randn(SAMPLES, *state.policy.latent_shape, generator=generator)
     items = [stages._TrainItem(i % SAMPLES, 0.3 + 0.1 * (i % 5), 1000 + i) for i in range(5)]
     state.optimizer.zero_grad(set_to_none=True)
-    result = stages._micro_batch_loss(state, items, latents, state.train_prompts[:SAMPLES], torch.rand(SAMPLES, generator=generator))
+    weights = torch.rand(SAMPLES, generator=generator)
+    result = stages._micro_batch_loss(state, items, latents, state.train_prompts[:SAMPLES], weights)
     result.loss.backward()
     gradients = {name: p.grad.clone() for name, p in state.policy.transformer.named_parameters() if p.grad is not None}
     state.optimizer.zero_grad(set_to_none=True)
@@ -136,7 +137,8 @@ def test_the_update_trains_eager_with_the_same_loss_and_gradients(runs):
     assert set(gradients) == set(eager_gradients) and gradients
     assert torch.allclose(loss, eager_loss, rtol=1e-5)
     for name, gradient in gradients.items():
-        assert torch.allclose(gradient, eager_gradients[name], rtol=1e-4, atol=1e-6 * eager_gradients[name].abs().max()), name
+        scale = eager_gradients[name].abs().max()
+        assert torch.allclose(gradient, eager_gradients[name], rtol=1e-4, atol=1e-6 * scale), name
 
 
 def test_the_config_key_compiles_the_record_s_blocks_and_nothing_else():
@@ -146,7 +148,8 @@ def test_the_config_key_compiles_the_record_s_blocks_and_nothing_else():
     compiled = {id(module) for module in transformer.modules() if module._compiled_call_impl is not None}
     assert compiled == blocks and len(blocks) == 6
     whole = stages.initial_state(resolve_config("shapes-tiny", "sol_rl", overrides=[("model.compile", "whole")]))
-    assert [m for m in whole.policy.transformer.modules() if m._compiled_call_impl is not None] == [whole.policy.transformer]
+    whole_transformer = whole.policy.transformer
+    assert [m for m in whole_transformer.modules() if m._compiled_call_impl is not None] == [whole_transformer]
     default = stages.initial_state(resolve_config("shapes-tiny", "sol_rl"))
     assert default.config.model.compile == "none"
     assert all(m._compiled_call_impl is None for m in default.policy.transformer.modules())
