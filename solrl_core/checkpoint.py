@@ -334,6 +334,16 @@ def restore(state, checkpoint: Checkpoint) -> None:
     accountant.measured_cumulative = checkpoint.gpu_hours["measured_cumulative"]
 
 
+def require_resumable(out_dir: Path) -> None:
+    """What a resume will read, checked before Prefect starts: the checkpoint's tensors against
+    their digest, then the ledger and metrics it covers (damaged or edited: one line now, not
+    after the orchestration has started; what lies past the checkpoint is dropped, as the run
+    itself would, so its own check finds nothing left to do)."""
+    checkpoint = load_checkpoint(out_dir)
+    discard_temporaries(out_dir)
+    rewind_outputs(out_dir, checkpoint)
+
+
 def rewind_outputs(out_dir: Path, checkpoint: Checkpoint) -> list[dict]:
     """Drop ledger rows and metrics lines of iterations after the checkpoint; return the metrics
     records that remain. Raises when what remains is not what the checkpoint recorded."""

@@ -36,8 +36,8 @@ from pathlib import Path
 from solrl_core import distributed, interrupts
 from solrl_core import launch as launching
 from solrl_core import recipes, run_lock
-from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable_world,
-                                   resumed_run)
+from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable,
+                                   require_resumable_world, resumed_run)
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path, with_flag
 from solrl_core.command_errors import RUN_FAILED, USER_ERROR, RunFailed, UserError
 from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
@@ -198,7 +198,9 @@ def command_run(args: argparse.Namespace, runners: FlowRunners | None = None) ->
         overrides_from_args(args)  # --iterations against -S iterations=, before the checkpoint is read
         config, out_dir = resumed_run(args.resume, args.preset, args.family, args.iterations, args.overrides)
         require_resumable_world(out_dir, world_size)
-        require_intact(out_dir)  # flipped bytes in the tensors: one line now, not after Prefect starts
+        # flipped bytes, a damaged or edited ledger or metrics file: one line now, not after Prefect
+        # starts; only the folder's writer drops what lies past the checkpoint
+        require_resumable(out_dir) if writer else require_intact(out_dir)
     else:
         if not args.out:
             raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
