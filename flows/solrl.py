@@ -14,6 +14,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
+from flows import api_watch
+from flows.api_watch import ApiWatch
 from flows.deployment_advice import advice_for_this_run
 from solrl_core.checkpoint import resumed_run
 from solrl_core.config import Config, ConfigError, parse_override
@@ -184,8 +186,9 @@ def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: st
         mlflow = MlflowObserver(tracking_uri, run_name=flow_run.get_name(), tags={k: v for k, v in tags.items() if v},
                                 log=logger.info)
     watching = [mlflow, *observers] if mlflow else list(observers)
+    api = ApiWatch.for_this_flow_run(out_dir)  # a server lost mid-run: the stages go on without it
     try:
-        summary = run_training(config, out_dir, log=logger.info, runner=PrefectStageRunner(logger.info),
+        summary = run_training(config, out_dir, log=logger.info, runner=PrefectStageRunner(logger.info, api),
                                observers=watching, resume=resume)
     except BaseException as ended:
         if mlflow:  # Ctrl-C or SIGTERM: KILLED, as MLflow names a run stopped from outside
@@ -193,8 +196,9 @@ def train(config: Config, out_dir: Path, tracking: bool = True, tracking_uri: st
         raise
     if mlflow:
         summary["mlflow"] = {"run_id": mlflow.run_id, "tracking_uri": mlflow.tracking_uri, "ui": mlflow.ui,
-                             "x_axis": mlflow.x_axis}
+                             "x_axis": mlflow.x_axis, "lost": mlflow.lost}
     logger.info(f"wrote {out_dir}")
+    api.finished(summary)
     return summary
 
 
@@ -211,12 +215,23 @@ def run_locally(**parameters) -> dict:
     """The flow in this process, as ``solrl run`` uses it: Prefect's ephemeral server when no
     ``PREFECT_API_URL`` is set. Run logs go to stdout like the rest of the run's output, so stderr
     keeps only errors; a missing model file is reported by the caller in one line, not as
-    Prefect's traceback. The ephemeral server ends with this process, even when it is killed."""
+    Prefect's traceback. The ephemeral server ends with this process, even when it is killed.
+    A server lost mid-run does not fail the run: it ends with its summary after one warning line
+    (flows/api_watch.py)."""
     from flows.ephemeral_server import end_server_with_this_process
 
     _console_to(_CurrentStdout())
     end_server_with_this_process()
-    return solrl(**parameters)
+    try:
+        return solrl(**parameters)
+    except Exception as error:
+        finished = api_watch.finished_flow_run()
+        if finished is None:  # the run itself failed
+            raise
+        # The training is done and written; only the engine's closing report to a lost server failed.
+        return finished.closing_report_failed(error)
+    finally:
+        api_watch.forget()
 
 
 class _CurrentStdout:
@@ -240,7 +255,11 @@ class _DropUserErrorTracebacks(logging.Filter):
         # is noise (a full disk's is no bug to report: the line names the file and the cause).
         error = record.exc_info[1] if record.exc_info else None
         full_disk = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-        return not (full_disk or isinstance(error, (ModelFilesMissing, CheckpointError, ConfigError, UserError)))
+        # After the flow body returned, a failure is the engine's closing report to a lost server:
+        # one warning line says so (flows/api_watch.py), not Prefect's traceback.
+        report_failed = error is not None and api_watch.finished_flow_run() is not None
+        return not (full_disk or report_failed
+                    or isinstance(error, (ModelFilesMissing, CheckpointError, ConfigError, UserError)))
 
 
 def _console_to(stream) -> None:

@@ -62,6 +62,10 @@ __all__ = ["FlowRunners", "RUN_FAILED", "USER_ERROR", "RunFailed", "UserError", 
 QUIET_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                      "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1",
                      "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+# Bounded retries of a Prefect API call (2 s, then 4 s; Prefect's default 5 retries wait a minute):
+# a run whose server was lost finishes without it (flows/api_watch.py), and the flow run's closing
+# report to that server is then the one call left to fail.
+BOUNDED_RETRIES = {"PREFECT_CLIENT_MAX_RETRIES": "2"}
 
 
 @dataclass(frozen=True)
@@ -291,7 +295,9 @@ def _run_one_process(args: argparse.Namespace, config, out_dir: Path, runners: F
             traceback.print_exception(failure)
         raise RunFailed(_failure_line(failure, out_dir, resumed_from)) from None
     print_summary(summary)
-    if "mlflow" in summary:
+    if summary.get("mlflow", {}).get("lost"):  # the warning above said what happened and how to catch up
+        print(f"MLflow: not tracked to the end (the store failed); the run folder {out_dir} has the whole record")
+    elif "mlflow" in summary:
         print(f"MLflow run {summary['mlflow']['run_id']}; reward vs GPU-hours: {summary['mlflow']['ui']}")
     return 0
 
@@ -468,7 +474,7 @@ def _is_main_rank() -> bool:
 
 def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> int:
     """The `solrl` command; ``runners`` (flows/cli.py's) let `run` start the Prefect flow."""
-    for key, value in QUIET_ENVIRONMENT.items():
+    for key, value in {**QUIET_ENVIRONMENT, **BOUNDED_RETRIES}.items():
         os.environ.setdefault(key, value)
     with interrupts.stopping_on_signals():  # SIGTERM unwinds as Ctrl-C does
         return _command(argv, runners)

@@ -8,7 +8,9 @@ process die or fail, so that resume and error handling are tested on the real co
 * ``raise-once``  raise the first time only (a transient failure: a retry succeeds);
 * ``enospc`` raise ``OSError(ENOSPC)`` (a full disk) at a write point;
 * ``hang``   sleep for ever, alive (a rank stuck in a driver call or a deadlock: under torchrun
-  the other ranks must end the run within ``--rank-timeout``).
+  the other ranks must end the run within ``--rank-timeout``);
+* ``pause``  wait, alive, until the file named by ``SOLRL_FAULT_GATE`` exists: the test changes
+  the world around the run at a known point (stops a server the run reports to), then lets it go on.
 
 Points (see the ``faults.point`` calls): ``explore`` (pool sampled, not yet scored), ``update``
 (between optimizer steps), ``ledger`` (ledger written, metrics and checkpoint not yet),
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 
 ENVIRONMENT = "SOLRL_FAULT"
 RANK_ENVIRONMENT = "SOLRL_FAULT_RANK"
-ACTIONS = ("kill", "raise", "raise-once", "enospc", "hang")
+GATE_ENVIRONMENT = "SOLRL_FAULT_GATE"
+ACTIONS = ("kill", "raise", "raise-once", "enospc", "hang", "pause")
 
 
 class InjectedFault(RuntimeError):
@@ -85,12 +88,23 @@ def _strike(fault: Fault) -> None:
     if fault.action == "hang":
         while True:
             time.sleep(3600)
+    if fault.action == "pause":
+        _wait_for_gate()
+        return
     if fault.action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if fault.action == "raise-once" and fault in _fired:
         return
     _fired.add(fault)
     raise InjectedFault(f"injected fault at {fault.point} in iteration {fault.iteration}")
+
+
+def _wait_for_gate() -> None:
+    gate = os.environ.get(GATE_ENVIRONMENT)
+    if not gate:
+        raise ValueError(f"{ENVIRONMENT}: a pause needs {GATE_ENVIRONMENT}, the file whose existence ends it")
+    while not os.path.exists(gate):
+        time.sleep(0.1)
 
 
 def reset() -> None:

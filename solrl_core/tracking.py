@@ -15,13 +15,16 @@ Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlruns`` 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import math
 import os
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -43,6 +46,52 @@ RUN_RECORD = "mlflow_run.json"  # in the run's output directory: which MLflow ru
 # as a GenAI one ("Evaluation runs"); a training run belongs in the model-training view, where the
 # charts and the x-axis setting the README describes are.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow's HTTP client retries a failed request 7 times with exponential backoff (about 4 minutes)
+# and waits 120 s for an answer: a tracking server that went away would stall every log call of
+# the run that long. The observer's calls get these bounds instead (unless the environment sets
+# its own): a refused connection fails in about 2 s, a server that hangs in about 30 s.
+BOUNDED_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@contextlib.contextmanager
+def bounded_http(tracking_uri: str) -> Iterator[None]:
+    """MLflow's HTTP retries and timeout bounded (BOUNDED_HTTP) for the duration, for a server URI."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        yield
+        return
+    added = {key: value for key, value in BOUNDED_HTTP.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _tracking_errors() -> tuple[type[BaseException], ...]:
+    """What a store that stopped answering raises: MLflow's own error (a REST call past its
+    retries, a database error), or a connection/file error from below it."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException, requests.RequestException, OSError)
+
+
+def _tracked(hook):
+    """An observer hook that never fails the run: once the store fails, one warning line, and
+    the observer stops calling MLflow for the rest of the run (resume catches it up)."""
+    @functools.wraps(hook)
+    def guarded(self, *args, **kwargs):
+        if self.lost:
+            return None
+        try:
+            with bounded_http(self.tracking_uri):
+                return hook(self, *args, **kwargs)
+        except _tracking_errors() as error:
+            self._lose(hook.__name__, error)
+            return None
+    return guarded
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
@@ -82,6 +131,9 @@ class MlflowObserver(RunObserver):
         self.client = None  # connected in on_start: a run that fails to load its model writes no store
         self.run_name, self.extra_tags, self.log = run_name, tags or {}, log
         self.run_id: str | None = None
+        self.lost = False  # the store failed: nothing more is sent to MLflow in this run
+        self.out_dir: Path | None = None
+        self._logged: dict[str, set[int]] = {}  # a resumed run's points already in MLflow, per metric
         self.ui = ui_command(self.tracking_uri)
         self._wall_clock_hours = 0.0
         self._seen_axes: list[str] = []
@@ -89,7 +141,11 @@ class MlflowObserver(RunObserver):
 
     # -- RunObserver hooks -------------------------------------------------------------------
 
+    @_tracked
     def on_start(self, config: Config, out_dir: Path) -> None:
+        self._start(config, out_dir)
+
+    def _start(self, config: Config, out_dir: Path) -> None:
         # deferred: mlflow at import time (start-up of importers of the helpers alone, e.g. flatten_metrics)
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
@@ -108,9 +164,11 @@ class MlflowObserver(RunObserver):
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         self.client.log_batch(self.run_id, tags=[RunTag("mlflow.note.content", _note(config))])
 
+    @_tracked
     def on_resume(self, config: Config, out_dir: Path, base_eval: dict[str, float], history: list[dict]) -> None:
-        """Reopen the run's MLflow run when this store has it; otherwise start a new run and log
-        the history to it, so either way one run holds the whole curve."""
+        """Reopen the run's MLflow run when this store has it; otherwise start a new run. Either
+        way, every point of the run folder's history that the MLflow run lacks is logged (a run
+        killed, or a store lost mid-run, left the rest out), each point once."""
         # deferred: mlflow at import time (as in on_start)
         from mlflow import MlflowClient
         from mlflow.entities import RunTag
@@ -119,20 +177,26 @@ class MlflowObserver(RunObserver):
         self.config, self.out_dir = config, out_dir
         previous = self._previous_run(out_dir)
         if previous is None:
-            self.on_start(config, out_dir)
-            self._log_metrics({f"eval/{name}": value for name, value in base_eval.items()}, 0)
+            self._start(config, out_dir)
         else:
             self.run_id = previous
-            self.ui = ui_command(self.tracking_uri, self.client.get_run(previous).info.experiment_id)
+            run = self.client.get_run(previous)
+            self.ui = ui_command(self.tracking_uri, run.info.experiment_id)
+            self._logged = {key: {point.step for point in self.client.get_metric_history(previous, key)}
+                            for key in run.data.metrics}
             self.client.update_run(self.run_id, status="RUNNING")
+        self._log_metrics({f"eval/{name}": value for name, value in base_eval.items()}, 0)
         self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
                             **{f"eval/{k}": v for k, v in base_eval.items()}})
         for record in history:
-            self._record_iteration(record, log=previous is None, replay=True)
+            self._record_iteration(record, replay=True)
         resumed_at = history[-1]["iteration"] + 1 if history else 0
         self.client.log_batch(self.run_id, tags=[RunTag("solrl.resumed_at_iteration", str(resumed_at))])
 
     def _previous_run(self, out_dir: Path) -> str | None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
         path = out_dir / RUN_RECORD
         if not path.is_file():
             return None
@@ -141,22 +205,28 @@ class MlflowObserver(RunObserver):
             return None
         try:
             self.client.get_run(record["run_id"])
-        except Exception:  # noqa: BLE001 - a run this store does not have: start a new one
+        except MlflowException as error:  # a run this store does not have: start a new one
+            if error.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                raise  # a store that does not answer: no new run in its place
             return None
         return record["run_id"]
 
+    @_tracked
     def on_evaluation(self, iteration: int, rewards: dict[str, float], images: torch.Tensor) -> None:
         step = iteration + 1
-        self._log_metrics({f"eval/{name}": value for name, value in rewards.items()}, step)
+        values = {f"eval/{name}": value for name, value in rewards.items()}
         if step == 0:  # the base model: every curve starts at zero hours
-            self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES},
-                                **{f"eval/{k}": v for k, v in rewards.items()}})
+            self._curve.append({"step": 0, **{axis: 0.0 for axis in GPU_HOUR_AXES}, **values})
+        if all(step in self._logged.get(key, ()) for key in values):
+            return  # a resumed run redoing an evaluation MLflow has (its grid too)
+        self._log_metrics(values, step)
         self.client.log_image(self.run_id, eval_image_grid(images, self.config), key="eval_samples", step=step)
 
+    @_tracked
     def on_iteration(self, metrics: dict) -> None:
-        self._record_iteration(metrics, log=True)
+        self._record_iteration(metrics)
 
-    def _record_iteration(self, metrics: dict, log: bool, replay: bool = False) -> None:
+    def _record_iteration(self, metrics: dict, replay: bool = False) -> None:
         step = metrics["iteration"] + 1
         self._wall_clock_hours += metrics.get("seconds", {}).get("total", 0.0) / 3600
         # Evaluation rewards were logged by on_evaluation at this step; they join the figure's curve here.
@@ -165,14 +235,13 @@ class MlflowObserver(RunObserver):
         axes = [axis for axis in GPU_HOUR_AXES if axis in values]
         if not self._seen_axes:  # the x-axis metrics also need the base evaluation's point, 0 at step 0
             self._seen_axes = axes
-            if log:
-                self._log_metrics({axis: 0.0 for axis in axes}, 0)
-        if log:
-            self._log_metrics(values, step)
-            if replay and "eval" in metrics:  # a live run logged them in on_evaluation
-                self._log_metrics({f"eval/{name}": value for name, value in metrics["eval"].items()}, step)
+            self._log_metrics({axis: 0.0 for axis in axes}, 0)
+        self._log_metrics(values, step)
+        if replay and "eval" in metrics:  # a live run logged them in on_evaluation
+            self._log_metrics({f"eval/{name}": value for name, value in metrics["eval"].items()}, step)
         self._curve.append({"step": step, **values, **{f"eval/{k}": v for k, v in metrics.get("eval", {}).items()}})
 
+    @_tracked
     def on_end(self, summary: dict) -> None:
         from mlflow.entities import Param, RunTag  # deferred: mlflow at import time (as in on_start)
 
@@ -189,10 +258,21 @@ class MlflowObserver(RunObserver):
         self.log(f"MLflow run {self.run_id} (experiment '{self.experiment or experiment_name(self.config)}'); x-axis for "
                  f"reward vs GPU-hours: {self.x_axis}; browse: {self.ui}")
 
+    @_tracked
     def finish(self, status: str) -> None:
         """Close the run ("FINISHED", "FAILED", "KILLED"); the flow calls it when the run fails."""
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status)
+
+    def _lose(self, hook: str, error: BaseException) -> None:
+        """The one warning of a store that failed; from now on the run folder alone keeps the record."""
+        self.lost = True
+        cause = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        run = f"MLflow run {self.run_id}" if self.run_id else "a new MLflow run"
+        where = str(self.out_dir) if self.out_dir is not None else "the run folder"
+        print(f"solrl: warning: MLflow tracking at {self.tracking_uri} failed in {hook} ({cause}); the run goes "
+              f"on untracked and {where} keeps its whole record; once the store answers again, "
+              f"`solrl run --resume {where}` logs what {run} is missing", file=sys.stderr, flush=True)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -220,7 +300,8 @@ class MlflowObserver(RunObserver):
 
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, step) for key, value in values.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                   and step not in self._logged.get(key, ())]  # a resumed run: each point once
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 

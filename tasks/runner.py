@@ -17,10 +17,14 @@ class PrefectStageRunner:
 
     Arguments are wrapped in ``opaque`` so Prefect resolves them without walking into the run
     state (models, tensors) looking for upstream futures.
+
+    ``api`` (a flows.api_watch.ApiWatch) is asked before each stage whether the Prefect API still
+    answers; once it does not, the stages run as their plain functions (the run goes on without
+    orchestration instead of failing on the lost server).
     """
 
-    def __init__(self, log: Callable[[str], None] = print):
-        self.log = log
+    def __init__(self, log: Callable[[str], None] = print, api=None):
+        self.log, self.api = log, api
         self._without_retries: dict[str, object] = {}
 
     def __call__(self, stage: str, function: Callable, *args, **kwargs):
@@ -29,9 +33,12 @@ class PrefectStageRunner:
             return function(*args, **kwargs)
         if task.fn is not function:
             raise TypeError(f"stage '{stage}' calls {function.__qualname__}, but its task wraps {task.fn.__qualname__}")
-        task = self._collective_safe(task)
         started = time.perf_counter()
-        result = task(*(opaque(a) for a in args), **{k: opaque(v) for k, v in kwargs.items()})
+        if self.api is None or self.api.answers(stage):
+            task = self._collective_safe(task)
+            result = task(*(opaque(a) for a in args), **{k: opaque(v) for k, v in kwargs.items()})
+        else:
+            result = function(*args, **kwargs)
         self.log(f"{stage:<10} {time.perf_counter() - started:7.2f} s")
         return result
 
