@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from solrl_core.checkpoint import CHECKPOINT, read_metadata
+from solrl_core.checkpoint import CHECKPOINT, load_checkpoint, read_metadata
 from tests._services import environment
 from tests.test_faults import ITERATIONS as DISK_ITERATIONS
 from tests.test_faults import SMALL as DISK_SMALL
@@ -53,6 +53,7 @@ AFTERWARDS = {
     "resumes": "`--resume` runs it to its end",
     "first run whole": "the first run ends (exit 0), its records alone",
     "nothing left": "no process of the run left",
+    "finishes": "the run finishes (exit 0): every iteration, its summary, its checkpoint intact",
 }
 
 
@@ -88,6 +89,19 @@ FAULTS = [
     Fault("full-disk", "the disk fills up", "`--out` on a 600 KiB tmpfs (`unshare -rm`), resumed from a copy", 1,
           "solrl: error: run failed: could not write OUT/…: No space left on device; the last good checkpoint "
           "(N iterations done) is in OUT: resume with `solrl run --resume OUT`", ("resumes", "nothing left")),
+    # Driven where the servers are started (tests/test_lost_services.py), shown here with the rest.
+    Fault("lost-mlflow-server", "the MLflow server dies mid-run",
+          "SIGKILL to the tracking server's process group before iteration 2; restarted on its store, `--resume` logs "
+          "every missed step once",
+          0, "solrl: warning: MLflow tracking at URI failed in … (…); the run goes on untracked and OUT keeps its "
+          "whole record; once the store answers again, `solrl run --resume OUT` logs what … is missing",
+          ("finishes",),
+          test="tests/test_lost_services.py::test_a_lost_mlflow_server_warns_once_and_resume_logs_every_step_once"),
+    Fault("lost-prefect-server", "the Prefect server dies mid-run",
+          "SIGKILL to the ephemeral server, or to the server of `PREFECT_API_URL`, before iteration 2", 0,
+          "solrl: warning: lost the Prefect API at URI … (…); the run goes on without orchestration…, and OUT keeps "
+          "its whole record", ("finishes",),
+          test="tests/test_lost_services.py::test_a_lost_ephemeral_prefect_server_lets_the_run_finish"),
 ]
 
 
@@ -288,8 +302,13 @@ def nothing_is_left(outcome: Outcome) -> None:
     assert not alive(outcome.running)
 
 
+def it_finished(outcome: Outcome) -> None:
+    assert outcome.code == 0 and (outcome.out / "summary.json").exists()
+    load_checkpoint(outcome.out)
+
+
 CHECKS = {"as it was": the_folder_is_as_it_was, "resumes": it_resumes, "first run whole": the_first_run_is_whole,
-          "nothing left": nothing_is_left}
+          "nothing left": nothing_is_left, "finishes": it_finished}
 
 
 # --- the tests ---------------------------------------------------------------------------------
