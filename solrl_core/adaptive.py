@@ -15,15 +15,15 @@ uses a group's own scores only, in seed order for ties (select_extremes), so eve
 torchrun job decides the same for a group as one process would.
 
 The survivors continue the same trajectory (solrl_core.sampling.Trajectory: same noise, same
-solver state), so with an explorer whose rows do not depend on their batch-mates (``none``,
-``fp8-rowwise``) a survivor's final draft is the fixed scheme's, bit for bit where the host's
-float32 GEMM gives a row the same result in any batch; on a CPU whose GEMM blocking follows the
-batch size it is one ulp off at full precision (1.2e-7 on a reward), and an FP8 row can then round
-an activation to the neighbouring code (0.009 seen). Explorers with a
-per-tensor activation scale (``emulated-nvfp4``, ``fp8``, TE's NVFP4 on a GPU) see every row of a
-chunk in that scale, so a survivor's draft moves by quantization noise when its chunk-mates are
-pruned, as it already does when ``explore.chunk`` changes. Chunks never mix prompt groups, so a
-group's chunks are the same on any number of ranks.
+solver state), so with an explorer whose samples do not depend on their batch-mates (``none``,
+and the quantized backends, whose activation scales are per sample or per token) a survivor's
+final draft is the fixed scheme's, bit for bit where the host's float32 GEMM gives a row the same
+result in any batch; on a CPU whose GEMM blocking follows the batch size it is one ulp off at full
+precision (1.2e-7 on a reward), and an FP8 row can then round an activation to the neighbouring
+code (0.009 seen). TE's NVFP4 on a GPU scales each GEMM's whole input by one amax, so there a
+survivor's draft moves by quantization noise when its chunk-mates are pruned, as it does when
+``explore.chunk`` changes. Chunks never mix prompt groups, so a group's chunks are the same on any
+number of ranks.
 
 When the last survivor count is K the kept set is decided and exploration stops there: its
 members are never ranked against each other (the update uses their full-precision rewards), which

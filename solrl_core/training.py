@@ -24,6 +24,7 @@ from solrl_core.config import Config, to_dict
 from solrl_core.ledger import LEDGER_FILE, LORA_FILE, METRICS_FILE, SUMMARY_FILE
 from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_frame, write_json
 from solrl_core.models.adapters import EMA, adapter_state
+from solrl_core.quant.backends import spec as backend_spec
 from solrl_core.rewards.registry import finite_mean
 
 # The evaluation samples as PNG grids: the base model's, and the latest evaluated policy's.
@@ -190,7 +191,10 @@ def _run_training(config: Config, out_dir: Path, log: Callable[[str], None], run
             observer.on_resume(config, out_dir, checkpoint.base_eval, history)
     log(f"explorer: {quantize_report['backend']} (explore.backend {quantize_report['requested']}) on "
         f"{quantize_report['quantized_layers']} layers, {quantize_report['quantized_share']:.0%} of the weights; "
-        f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}")
+        f"device {state.policy.device}, full precision {str(state.policy.dtype).removeprefix('torch.')}"
+        + ("" if backend_spec(quantize_report["backend"]).batch_independent else
+           "; its activation scale spans each GEMM's whole input, so drafts depend on explore.chunk and the "
+           "number of ranks"))
     base_eval, first = _starting_point(state, runner, observers, out_dir, checkpoint, log)
     evaluations = [{"iteration": -1, **base_eval}]
     evaluations += [{"iteration": record["iteration"], **record["eval"]} for record in history if "eval" in record]

@@ -186,7 +186,7 @@ def test_nvfp4_layer_is_w4a4_on_the_merged_old_weights(model, name):
         weight, bias = merged_weight_by_hand(model, name, "old")
     else:  # no LoRA on this layer: its own weight
         weight, bias = layer.weight.detach(), layer.bias.detach()
-    expected = F.linear(fake_quantize_nvfp4(x), fake_quantize_nvfp4(weight), bias)
+    expected = F.linear(fake_quantize_nvfp4(x, per_sample=True), fake_quantize_nvfp4(weight), bias)
     with explorer.active(model), torch.no_grad():
         assert torch.equal(layer(x), expected)
 
@@ -273,7 +273,7 @@ def test_requantize_picks_up_changed_old_adapter_weights(model):
     weight, bias = merged_weight_by_hand(model, LORA_LAYER, "old")
     x = torch.randn(4, 64)
     with explorer.active(model), torch.no_grad():
-        expected = F.linear(fake_quantize_nvfp4(x), fake_quantize_nvfp4(weight), bias)
+        expected = F.linear(fake_quantize_nvfp4(x, per_sample=True), fake_quantize_nvfp4(weight), bias)
         assert torch.equal(model.get_submodule(LORA_LAYER)(x), expected)
 
 
@@ -288,7 +288,7 @@ def test_requantize_merges_the_adapter_it_is_given(model):
     for adapter, weight in weights.items():
         explorer.requantize(model, adapter=adapter)
         bias = layer.base_layer.bias
-        expected = F.linear(fake_quantize_nvfp4(x), fake_quantize_nvfp4(weight), bias)
+        expected = F.linear(fake_quantize_nvfp4(x, per_sample=True), fake_quantize_nvfp4(weight), bias)
         with explorer.active(model), torch.no_grad():
             assert torch.equal(layer(x), expected)
 

@@ -286,7 +286,7 @@ def test_a_1x1_convolution_is_quantized_as_a_linear_over_its_channels():
     x = gaussian(2, 32, 5, 6).to(memory_format=torch.channels_last)
     tokens = x.permute(0, 2, 3, 1)
     weight = model.inverted.weight.detach().reshape(96, 32)
-    expected = F.linear(fake_quantize_nvfp4(tokens), fake_quantize_nvfp4(weight), model.inverted.bias).permute(0, 3, 1, 2)
+    expected = F.linear(fake_quantize_nvfp4(tokens, per_sample=True), fake_quantize_nvfp4(weight), model.inverted.bias).permute(0, 3, 1, 2)
     with explorer.active(model), torch.no_grad():
         assert torch.equal(model.inverted(x), expected)
         assert model(x).shape == (2, 32, 5, 6)

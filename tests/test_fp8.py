@@ -1,11 +1,13 @@
-"""FP8 E4M3 with per-tensor current scaling (SPEC §3, the Hopper explorer), and its GPU path
-(torch._scaled_mm, the compiled quantizer) run on the CPU against the CPU emulation."""
+"""FP8 E4M3 with current scaling (SPEC §3, the Hopper explorer): one scale per weight, one per
+sample of the activation; and its GPU path (torch._scaled_mm, the compiled quantizer) run on the
+CPU against the CPU emulation."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from _gpu_path import gpu_path, gpu_path_devices, ops_run, ran_compiled_code
 
+from solrl_core.quant import fp8
 from solrl_core.quant.fp8 import (
     E4M3_MAX,
     ROWWISE_MIN_CAPABILITY,
@@ -98,7 +100,7 @@ def test_fake_quantize_relative_error_matches_three_mantissa_bits():
 def test_emulated_linear_is_the_fp32_matmul_of_the_fp8_operands_plus_bias():
     x, weight, bias = gaussian(8, 64), gaussian(32, 64, seed=1), gaussian(32, seed=2)
     w_fp8, w_scale = quantize_fp8(weight)
-    x_fp8, x_scale = quantize_fp8(x)
+    x_fp8, x_scale = quantize_fp8(x, samples=8)  # a 2-D activation is [samples, features]
     expected = F.linear(dequantize_fp8(x_fp8, x_scale), dequantize_fp8(w_fp8, w_scale), bias)
     assert torch.equal(fp8_linear(x, w_fp8, w_scale, bias, torch.float32), expected)
 
@@ -125,7 +127,7 @@ def quantized_weight(weight, rowwise):
 
 
 @pytest.mark.parametrize("device", FP8_DEVICES)
-@pytest.mark.parametrize("rowwise", [False, True], ids=["per-tensor", "row-wise"])
+@pytest.mark.parametrize("rowwise", [False, True], ids=["per-sample", "row-wise"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_the_gpu_path_runs_scaled_mm_and_gives_the_emulations_numbers(device, rowwise, out_dtype, with_bias):
@@ -167,7 +169,24 @@ def test_scaled_mm_without_fast_accumulation_matches_the_emulation(device):
         assert torch.equal(exact, emulated) and torch.equal(fast, exact)
 
 
-@pytest.mark.parametrize("rowwise", [False, True], ids=["per-tensor", "row-wise"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+def test_per_sample_scales_without_rowwise_scaled_mm_scale_the_rows_after_the_gemm(out_dtype):
+    """An sm_89 GPU's _scaled_mm takes no row-wise scales: the per-sample activation scales are
+    applied to its fp32 output instead (fp8._rows_scaled_after), which adds a rounding but no
+    error of its own. Run here on the CPU's _scaled_mm; not yet on an sm_89 GPU."""
+    x = quantize_activation(gaussian(3, 32, 256).to(torch.bfloat16) * torch.tensor([1.0, 50.0, 0.02]).view(3, 1, 1))
+    w = FP8Tensor(*quantized_weight(gaussian(128, 256, seed=1) / 16, rowwise=False))
+    bias = (gaussian(128, seed=2) / 4).to(torch.bfloat16)
+    with gpu_path():
+        ops, after = ops_run(lambda: fp8._rows_scaled_after(x, w, bias, out_dtype, fast_accum=True))
+    assert "aten::_scaled_mm" in ops and after.dtype == out_dtype
+    emulated = fp8._emulated(x, w, bias, torch.float32)
+    for sample in range(3):  # each sample against its own magnitude
+        rows = slice(32 * sample, 32 * (sample + 1))
+        assert relative_error(after[rows].float(), emulated[rows]) < (1e-6 if out_dtype == torch.float32 else 5e-3)
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["per-sample", "row-wise"])
 def test_the_compiled_activation_quantizer_gives_eager_bits(rowwise):
     """The GPU path's quantizer is quantize_fp8 compiled (with eager's division: quant/gpu_path.py);
     it must give the same E4M3 codes and scales, also for an amax whose division lands above 448,
@@ -177,7 +196,7 @@ def test_the_compiled_activation_quantizer_gives_eager_bits(rowwise):
     with gpu_path():
         ops, (data, scale) = ops_run(lambda: quantize_activation(x.reshape(2, 8, 64), rowwise))
     assert ran_compiled_code(ops)
-    eager_data, eager_scale = quantize_fp8(x, rowwise)
+    eager_data, eager_scale = quantize_fp8(x, rowwise, samples=None if rowwise else 2)
     assert torch.equal(data.view(torch.uint8), eager_data.view(torch.uint8))
     assert torch.equal(scale, eager_scale)
 

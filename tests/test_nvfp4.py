@@ -242,7 +242,7 @@ def bits(t):
 
 
 def activation_with_ties():
-    """bf16 [2, 5, 72]: the tensor amax is 2688, so the tensor scale is exactly 1; in each row a
+    """bf16 [2, 5, 72]: each sample's amax is 2688, so its tensor scale is exactly 1; in each row a
     Gaussian block, blocks of block scale 1 and 2 whose values sit exactly on E2M1 ties of both
     signs (-0.25 rounds to -0.0), an all-zero block, and 8 tiny values (a padded last block whose
     E4M3 scale rounds to 0)."""
@@ -251,7 +251,7 @@ def activation_with_ties():
     rows = [torch.cat([gaussian(16, seed=row) * 2, ties, 2 * ties.roll(row), torch.zeros(16), torch.full((8,), 1e-6)])
             for row in range(10)]
     x = torch.stack(rows)
-    x[0, 0] = 2688.0
+    x[0, 0] = x[5, 0] = 2688.0
     return x.reshape(2, 5, 72).to(torch.bfloat16)
 
 
@@ -259,8 +259,8 @@ def activation_with_ties():
 @pytest.mark.parametrize("activation", ["ties", "gaussian"])
 def test_the_compiled_activation_quantizer_gives_the_emulations_bits(device, activation):
     """The GPU path quantizes the activation with a compiled function (code x block scale in bf16,
-    the tensor scale apart); times the tensor scale those are fake_quantize_nvfp4's fp32 values
-    bit for bit: same ties, same signed zeros, same zeroed blocks. Gaussian bf16 data has exact
+    each row's sample's tensor scale apart); times that scale those are fake_quantize_nvfp4's fp32
+    values (per sample) bit for bit: same ties, same signed zeros, same zeroed blocks. Gaussian bf16 data has exact
     ties too (its 8 significant bits); an approximate division would move ~2e-4 of them."""
     x = activation_with_ties() if activation == "ties" else (gaussian(4, 16, 3072) * 2).to(torch.bfloat16)
     with gpu_path(device):
@@ -268,11 +268,11 @@ def test_the_compiled_activation_quantizer_gives_the_emulations_bits(device, act
     assert ran_compiled_code(ops) and values.dtype == torch.bfloat16
     features = x.shape[-1]
     assert values.shape == (x.numel() // features, features + (-features) % BLOCK_SIZE)
-    emulated = fake_quantize_nvfp4(x.float()).reshape(-1, features)
+    emulated = fake_quantize_nvfp4(x.float(), per_sample=True).reshape(-1, features)
     assert torch.equal(bits(values.float()[:, :features].cpu() * tensor_scale.cpu()), bits(emulated))
     assert (values[:, features:] == 0).all()  # the padding
     if activation == "ties":
-        assert tensor_scale.item() == 1.0
+        assert tensor_scale.shape == (10, 1) and (tensor_scale == 1.0).all()
         assert (emulated[:, 64:] == 0).all()  # the block whose scale rounds to zero
         assert ((emulated == 0) & torch.signbit(emulated)).any()  # -0.0 is among what was compared
 
@@ -299,7 +299,8 @@ def test_the_compiled_weight_decode_keeps_every_code_and_its_sign(device):
 @pytest.mark.parametrize("device", gpu_path_devices())
 @pytest.mark.parametrize("in_features", [256, 200])
 def test_the_gpu_path_linear_is_the_fp32_emulation_up_to_where_fp32_rounds(device, in_features):
-    """nvfp4_linear on the GPU path against F.linear of the fake-quantized operands in fp32. The
+    """nvfp4_linear on the GPU path against F.linear of the fake-quantized operands in fp32 (the
+    activation per sample). The
     operands are the same bits (above); the results differ only where fp32 rounds: the GPU path
     sums exact products of code x block scale and applies both tensor scales after the sum, the
     emulation rounds each scaled operand and product before summing, and the sums run in
@@ -308,7 +309,7 @@ def test_the_gpu_path_linear_is_the_fp32_emulation_up_to_where_fp32_rounds(devic
     x = (gaussian(2, 17, in_features) * 2).to(torch.bfloat16).float()  # bf16 values, fp32 output
     weight, bias = gaussian(64, in_features, seed=1) / 8, gaussian(64, seed=2)
     packed = pack_weight(weight, bias, torch.float32)
-    x_hat, w_hat = fake_quantize_nvfp4(x), fake_quantize_nvfp4(weight)
+    x_hat, w_hat = fake_quantize_nvfp4(x, per_sample=True), fake_quantize_nvfp4(weight)
     emulated = F.linear(x_hat, w_hat, bias)
     on_device = NVFP4Weight(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in packed))
     with gpu_path(device):

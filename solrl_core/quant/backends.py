@@ -59,6 +59,10 @@ class BackendSpec:
     # Builds the implementation, given stand-ins for ``requires_package`` or None (the real one);
     # None: nothing is quantized, the explorer is the policy.
     implementation: Callable[..., object] | None
+    # Whether a draft is independent of the samples sharing its batch (explore chunk, rank): every
+    # activation scale lies within one sample (quant/activation_scale.py). The run log says so
+    # where it is not.
+    batch_independent: bool = True
 
 
 BACKEND_SPECS: dict[str, BackendSpec] = {spec.name: spec for spec in (
@@ -69,16 +73,19 @@ BACKEND_SPECS: dict[str, BackendSpec] = {spec.name: spec for spec in (
                 "W4A4 NVFP4 numerics, exact; bf16 tensor-core GEMMs on a GPU, fp32 on a CPU", EmulatedNVFP4),
     # E4M3 + an fp32 scale per tensor, or per output row.
     BackendSpec("fp8", "fp8", ExplorerStorage("fp8-tensor", weight=1, bias=None, per_tensor=4, nvfp4_copies=0),
-                None, None, "FP8 E4M3, per-tensor current scaling; FP8 GEMMs on sm_89+, emulated elsewhere", FP8),
+                None, None,
+                "FP8 E4M3 current scaling, one scale per weight and per sample; FP8 GEMMs on sm_89+, emulated elsewhere",
+                FP8),
     BackendSpec("fp8-rowwise", "fp8",
                 ExplorerStorage("fp8-row", weight=1, bias=None, per_tensor=0, per_row=4, nvfp4_copies=0), None, None,
                 "FP8 E4M3, one scale per activation row and per weight row; FP8 GEMMs on sm_90+", FP8RowWise),
     # Quantized parameters only (quantized_model_init); an upper bound that counts the row-wise and
     # the column-wise NVFP4 copy a TE weight may keep for a backward pass, not verified on a GPU.
-    # bf16 bias, fp32 amax.
+    # bf16 bias, fp32 amax. TE scales each GEMM's whole input by one amax: the batch's.
     BackendSpec("te-nvfp4", "fp4", ExplorerStorage("te-nvfp4", weight=0, bias=2, per_tensor=4, nvfp4_copies=2),
                 (10, 0), "transformer_engine",
-                "NVFP4 GEMMs through Transformer Engine (1x16 blocks), Blackwell only", TransformerEngine),
+                "NVFP4 GEMMs through Transformer Engine (1x16 blocks), Blackwell only", TransformerEngine,
+                batch_independent=False),
 )}
 BACKENDS = (AUTO, *BACKEND_SPECS)
 

@@ -4,7 +4,9 @@ An NVFP4 tensor is three things:
 - 4-bit E2M1 element codes (1 sign bit + a 3-bit magnitude code into 0, .5, 1, 1.5, 2, 3, 4, 6),
 - one FP8 E4M3 scale per 16 consecutive values along the last (reduction) dimension,
 - one FP32 scale for the whole tensor, `amax / (448 * 6)`, which brings the block scales into
-  E4M3 range.
+  E4M3 range. With ``per_sample`` the "tensor" is each index of the first dim: the scale is
+  [samples, 1, ...], so the explorer's activations are quantized per sample
+  (quant/activation_scale.py); weights keep one scale.
 
 Decoded value = code_value * block_scale * tensor_scale.
 
@@ -43,7 +45,7 @@ class NVFP4Packed:
     codes: uint8 [..., padded_K // 2], two E2M1 codes per byte; the element with the even
         index sits in the low nibble (torchao's layout, checked byte for byte in the tests).
     block_scales: float8_e4m3fn [..., padded_K // 16].
-    tensor_scale: float32 scalar tensor.
+    tensor_scale: float32 scalar tensor ([samples, 1, ..., 1] per sample).
     shape, dtype: of the original tensor (shape without padding).
     """
 
@@ -109,9 +111,23 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 # --- scales ----------------------------------------------------------------------------------
 
 
-def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
-    """FP32 per-tensor scale amax(|x|) / (448 * 6): the largest block then gets block scale 448."""
-    return x.detach().abs().amax().float() / (E4M3_MAX * E2M1_MAX)
+def nvfp4_tensor_scale(x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+    """FP32 per-tensor scale amax(|x|) / (448 * 6): the largest block then gets block scale 448;
+    ``per_sample``: one per index of x's first dim, shaped [samples, 1, ..., 1]."""
+    return _amax(x.detach().abs(), per_sample).float() / (E4M3_MAX * E2M1_MAX)
+
+
+def _amax(magnitude: torch.Tensor, per_sample: bool) -> torch.Tensor:
+    """The largest magnitude: of all, or of each sample (over all dims but the first, keeping them)."""
+    if not per_sample:
+        return magnitude.amax()
+    samples = magnitude.shape[0]
+    return magnitude.reshape(samples, -1).amax(dim=1).reshape(samples, *(1,) * (magnitude.dim() - 1))
+
+
+def _per_element(tensor_scale: torch.Tensor) -> torch.Tensor:
+    """A tensor scale against [..., blocks, 16] elements: a per-sample one gains their last dim."""
+    return tensor_scale.unsqueeze(-1) if tensor_scale.dim() else tensor_scale
 
 
 def _split_into_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -150,18 +166,18 @@ def _scale_into_e2m1_range(
     return torch.where(nonzero, blocks / safe_scale, 0.0)
 
 
-def _scales_of_magnitudes(magnitude: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _scales_of_magnitudes(magnitude: torch.Tensor, per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 block scales, FP32 tensor scale) from |blocks|; the tensor amax is the largest block
     amax (padding zeros raise neither), so |x| is read once for both."""
     block_amax = magnitude.amax(dim=-1)
-    tensor_scale = block_amax.amax() / (E4M3_MAX * E2M1_MAX)
+    tensor_scale = _amax(block_amax, per_sample) / (E4M3_MAX * E2M1_MAX)
     return _block_scales_from_amax(block_amax, tensor_scale), tensor_scale
 
 
-def _scale_blocks(x: torch.Tensor):
+def _scale_blocks(x: torch.Tensor, per_sample: bool = False):
     """The shared first half of quantization: (values in E2M1 range, block scales, tensor scale)."""
     blocks = _split_into_blocks(x)
-    block_scales, tensor_scale = _scales_of_magnitudes(blocks.detach().abs())
+    block_scales, tensor_scale = _scales_of_magnitudes(blocks.detach().abs(), per_sample and x.dim() > 1)
     return _scale_into_e2m1_range(blocks, block_scales, tensor_scale), block_scales, tensor_scale
 
 
@@ -169,7 +185,7 @@ def _apply_scales(
     element_values: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor
 ) -> torch.Tensor:
     # (q * s_block) is exact (2 and 4 significant bits), so the result is rounded only once.
-    return element_values * block_scales.float().unsqueeze(-1) * tensor_scale
+    return element_values * block_scales.float().unsqueeze(-1) * _per_element(tensor_scale)
 
 
 def _unblock(blocks: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -182,9 +198,10 @@ def _unblock(blocks: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> tor
 # --- public API ------------------------------------------------------------------------------
 
 
-def quantize_nvfp4(x: torch.Tensor) -> NVFP4Packed:
-    """Quantize x to NVFP4 with 16-element blocks along its last dimension."""
-    scaled, block_scales, tensor_scale = _scale_blocks(x)
+def quantize_nvfp4(x: torch.Tensor, per_sample: bool = False) -> NVFP4Packed:
+    """Quantize x to NVFP4 with 16-element blocks along its last dimension (``per_sample``: one
+    tensor scale per index of the first dim)."""
+    scaled, block_scales, tensor_scale = _scale_blocks(x, per_sample)
     codes = encode_e2m1(scaled).flatten(-2)
     return NVFP4Packed(
         codes=pack_codes(codes),
@@ -203,8 +220,8 @@ def dequantize_nvfp4(packed: NVFP4Packed) -> torch.Tensor:
     return _unblock(values, packed.shape, packed.dtype)
 
 
-def fake_quantize_nvfp4(x: torch.Tensor) -> torch.Tensor:
-    """dequantize_nvfp4(quantize_nvfp4(x)) without building codes; the activation hot path.
+def fake_quantize_nvfp4(x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+    """dequantize_nvfp4(quantize_nvfp4(x, per_sample)) without building codes; the activation hot path.
 
     The same bits as the codes path (signed zeros included), in about half the passes over the
     tensor, because on a CPU these passes are most of the emulated explorer's cost: |x| is taken
@@ -214,13 +231,13 @@ def fake_quantize_nvfp4(x: torch.Tensor) -> torch.Tensor:
     """
     blocks = _split_into_blocks(x)
     magnitude = blocks.abs()
-    block_scales, tensor_scale = _scales_of_magnitudes(magnitude)
+    block_scales, tensor_scale = _scales_of_magnitudes(magnitude, per_sample and x.dim() > 1)
     block_scales = block_scales.float()
     combined_scale = block_scales * tensor_scale
     zero_scale = combined_scale == 0
     magnitude.div_(torch.where(zero_scale, torch.inf, combined_scale).unsqueeze(-1)).clamp_(max=E2M1_MAX)
     values = _round_e2m1_magnitude_(magnitude).copysign_(blocks)
-    values.mul_(block_scales.unsqueeze(-1)).mul_(tensor_scale)
+    values.mul_(block_scales.unsqueeze(-1)).mul_(_per_element(tensor_scale))
     if bool(zero_scale.any()):
         values.masked_fill_(zero_scale.unsqueeze(-1), 0.0)  # +0.0, as the codes path decodes them
     return _unblock(values, x.shape, x.dtype)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from solrl_core.quant.activation_scale import samples_of
 from solrl_core.quant.gpu_path import compile_quantizer, takes_gpu_path
 from solrl_core.quant.nvfp4 import (
     BLOCK_SIZE,
@@ -78,12 +79,19 @@ def decode_scaled_codes(codes: torch.Tensor, block_scales: torch.Tensor, dtype=t
     return blocks.flatten(-2).to(dtype)
 
 
-def quantize_activation_scaled(x2d: torch.Tensor, dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_scaled(x2d: torch.Tensor, samples: int | None = None,
+                               dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """(code_value x block_scale as [tokens, padded_in] in ``dtype``, fp32 tensor scale) of a
-    row-major activation: the same rounding as fake_quantize_nvfp4, the tensor scale left out."""
-    scaled, block_scales, tensor_scale = _scale_blocks(x2d)
-    values = round_to_e2m1(scaled) * block_scales.float().unsqueeze(-1)
-    return values.flatten(-2).to(dtype), tensor_scale
+    row-major activation: the same rounding as fake_quantize_nvfp4, the tensor scale left out.
+    With ``samples`` the rows are that many samples' tokens, each sample with its own tensor
+    scale, returned per row ([tokens, 1]: each row its sample's)."""
+    rows = x2d.shape[0]
+    by_sample = x2d if samples is None else x2d.reshape(samples, -1, x2d.shape[-1])
+    scaled, block_scales, tensor_scale = _scale_blocks(by_sample, per_sample=samples is not None)
+    values = (round_to_e2m1(scaled) * block_scales.float().unsqueeze(-1)).flatten(-2).reshape(rows, -1)
+    if samples is not None:
+        tensor_scale = tensor_scale.expand(samples, rows // samples, 1).reshape(rows, 1)
+    return values.to(dtype), tensor_scale
 
 
 _COMPILED: dict[str, object] = {}
@@ -123,7 +131,8 @@ def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def factored_linear(x_values: torch.Tensor, x_scale: torch.Tensor, w_values: torch.Tensor, w_scale: torch.Tensor,
                     bias: torch.Tensor | None, gemm=_mm_fp32_out) -> torch.Tensor:
-    """fp32 [tokens, out] = (x_values @ w_values.T) * x_scale * w_scale + bias."""
+    """fp32 [tokens, out] = (x_values @ w_values.T) * x_scale * w_scale + bias (x_scale: one, or
+    [tokens, 1])."""
     out = gemm(x_values, w_values.t()) * (x_scale * w_scale)
     return out if bias is None else out + bias.float()
 
@@ -134,13 +143,15 @@ def _pad_to_blocks(x2d: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_activation(x: torch.Tensor):
-    """The activation as the GEMM below reads it: on the GPU path (code_value x block_scale in
-    bf16, fp32 tensor scale) of the padded [tokens, in] rows, compiled; on the CPU path x
-    fake-quantized in fp32 (so a bf16 input is not rounded a second time)."""
+    """The activation as the GEMM below reads it, one tensor scale per sample: on the GPU path
+    (code_value x block_scale in bf16, fp32 tensor scale per row) of the padded [tokens, in] rows,
+    compiled; on the CPU path x fake-quantized in fp32 (so a bf16 input is not rounded a second
+    time)."""
+    samples = samples_of(x)
     if takes_gpu_path(x):
         rows = _pad_to_blocks(x.reshape(-1, x.shape[-1]))
-        return _compiled(quantize_activation_scaled)(rows)
-    return fake_quantize_nvfp4(x.float())
+        return _compiled(quantize_activation_scaled)(rows, samples)
+    return fake_quantize_nvfp4(x.float(), per_sample=samples is not None)
 
 
 def nvfp4_matmul(activation, weight: NVFP4Weight, x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,12 @@ explorer runs no backward; turning them off keeps the recipe exactly the format 
   300-token caption stream misses at most batch sizes: the rows are zero-padded to a multiple of
   16 and the padding cut from the output. Zero rows add nothing to the per-tensor amax TE scales
   the activation by, so the real rows' codes are the ones they would be unpadded.
+- That amax is the recipe's level-2 scale, "a global per tensor FP32 scaling factor" over the
+  GEMM's whole input: every sample of the explore chunk at once. Unlike the other explorers, whose
+  activation scales are per sample (quant/activation_scale.py), this backend's drafts depend on
+  their chunk-mates, so on ``explore.chunk`` and the number of ranks (the record says so, and the
+  run log). The recipe's ``row_scaled_activation`` (one amax per row, newer TE) would remove that,
+  but is untried here.
 
 Transformer Engine is imported here only, when the backend is built; tests without it pass a
 stand-in module and check what this code asks of it.
