@@ -29,6 +29,7 @@ STAGES = {"explore": (OLD, True), "regenerate": (OLD, False), "evaluate": (EMA, 
 # Full precision, compiled against eager: fp32 roundoff through the sampler (measured 3.4e-6 on
 # latents of magnitude ~1.3).
 FULL_PRECISION_TOLERANCE = 1e-4
+GRADIENT_TOLERANCE = 1e-4  # relative, per adapter tensor (fp32 roundoff: about 2e-7 at 1 and 2 threads)
 
 
 def tiny_state(**settings) -> stages.RunState:
@@ -136,9 +137,13 @@ def test_the_update_trains_eager_with_the_same_loss_and_gradients(runs):
     (eager_loss, eager_gradients), (loss, gradients) = runs["eager_update"], runs["update"]
     assert set(gradients) == set(eager_gradients) and gradients
     assert torch.allclose(loss, eager_loss, rtol=1e-5)
+    # The old-policy and reference forwards run compiled, so the loss's inputs carry fp32 roundoff
+    # of another summation order (it differs with the thread count): each adapter's gradient is
+    # compared as a whole, relative to its own norm, not element by element near zero.
     for name, gradient in gradients.items():
-        scale = eager_gradients[name].abs().max()
-        assert torch.allclose(gradient, eager_gradients[name], rtol=1e-4, atol=1e-6 * scale), name
+        expected = eager_gradients[name]
+        relative = (gradient - expected).norm() / expected.norm().clamp_min(1e-30)
+        assert relative <= GRADIENT_TOLERANCE, (name, float(relative))
 
 
 def test_the_config_key_compiles_the_record_s_blocks_and_nothing_else():
