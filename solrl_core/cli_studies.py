@@ -360,6 +360,7 @@ def _command_line(args: argparse.Namespace) -> str:
 def command_study(args: argparse.Namespace) -> int:
     """A stage of the DVC study; FileExistsError (a run folder in the way), FileNotFoundError (a
     comparison without its runs) and missing model files are user errors, one line."""
+    # deferred: torch and diffusers at import time (start-up of every solrl command)
     from solrl_core.study import ablation_dir, compare_study, load_study, run_one
     from solrl_core.study_base import make_base
 

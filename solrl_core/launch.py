@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from solrl_core import interrupts
 from solrl_core.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_VARIABLE, DistributedError, check_rendezvous,
                                     require_timeout, split_endpoint)
@@ -98,8 +100,6 @@ def check_local_gpus(launch: Launch, device_type: str, visible: int | None = Non
     setup, minutes in. CPU ranks (gloo) share the cores and have no such limit."""
     if device_type != "cuda":
         return
-    import torch
-
     visible = torch.cuda.device_count() if visible is None else visible
     if launch.nproc_per_node > visible:
         shown_devices = os.environ.get("CUDA_VISIBLE_DEVICES")

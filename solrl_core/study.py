@@ -34,12 +34,15 @@ Ctrl-C or SIGTERM is KILLED there, one that failed FAILED. The store is MLFLOW_T
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from solrl_core import interrupts
+from solrl_core.ablations import ABLATION_FAMILY, ABLATION_KEYS, variant_name
 from solrl_core.config import ConfigError, parse_override, shown
+from solrl_core.presets import FAMILIES, resolve_config
 from solrl_core.safe_input import load_yaml, path_component
 
 # params.yaml's keys; the fidelity stage passes its own section to `solrl fidelity` itself.
@@ -144,8 +147,6 @@ def _seeds(value: Any, where: str) -> list[int]:
 
 
 def _families(value: Any, where: str) -> dict[str, dict[str, Any]]:
-    from solrl_core.presets import FAMILIES
-
     families = _mapping(value, f"{where}: families")
     if not families:
         raise ConfigError(f"{where}: families: name at least one of {', '.join(FAMILIES)}")
@@ -182,8 +183,6 @@ def _ablations(value: Any, where: str, default_budget: float) -> dict[str, dict[
     """Each ablation's points and seeds, and the budget its runs train to: its own
     ``budget_gpu_hours`` where it names one (an ablation of sol_rl need not run as long as the
     comparison, whose budget is set by when diffusionnft flattens), else the comparison's."""
-    from solrl_core.ablations import ABLATION_KEYS
-
     ablations = _mapping(value, f"{where}: ablations")
     for name, section in ablations.items():
         if name not in ABLATION_KEYS:
@@ -218,8 +217,6 @@ def _settings_overrides(settings: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _study_config(study: Study, name: str, varied: list[tuple[str, Any]] = ()):
     """preset -> family -> the shared settings -> the entry's own settings -> ``varied``."""
-    from solrl_core.presets import resolve_config
-
     own = [(key, value) for key, value in study.families[name].items() if key != VARIANT_OF]
     return resolve_config(study.preset, family_of(study, name), [*_settings_overrides(study.settings), *own,
                                                                  *varied, ("accounting.device", study.device)])
@@ -234,8 +231,6 @@ def family_config(study: Study, family: str):
 def ablation_config(study: Study, ablation: str, point: str):
     """An ablation point's config: the ablated family's, as the study sets it, with the ablation's
     one key at ``point``."""
-    from solrl_core.ablations import ABLATION_FAMILY, ABLATION_KEYS
-
     _known(ablation, study.ablations, "ablation", "ablations")
     _known(point, {str(p): p for p in study.ablations[ablation]["points"]}, f"point of {ablation}",
            f"ablations.{ablation}.points")
@@ -254,8 +249,6 @@ def ablation_dir(root: Path, ablation: str) -> Path:
 
 def variant_dir(root: Path, family: str | None = None, ablation: str | None = None, point: str | None = None) -> Path:
     """The folder of a variant's seed runs (``seed-<s>`` inside), where solrl compare puts them too."""
-    from solrl_core.ablations import variant_name
-
     if ablation is None:
         return root / "runs" / family
     return ablation_dir(root, ablation) / "runs" / variant_name(ablation, point)
@@ -273,12 +266,11 @@ def run_one(study: Study, root: Path, seed: int, family: str | None = None, abla
         config, seeds, name = family_config(study, family), study.seeds, family
     else:
         config, seeds = ablation_config(study, ablation, point), study.ablations[ablation]["seeds"]
-        from solrl_core.ablations import variant_name
-
         name = variant_name(ablation, point)
     if seed not in seeds:
         raise ConfigError(f"seed {seed} is not one of the study's seeds for {name} ({', '.join(map(str, seeds))})")
     # Imported once the params are known to be good: the training stack's imports print warnings.
+    # deferred: torch and diffusers at import time (start-up of the study's checks of its params)
     from solrl_core.compare import plan_seeds, run_variant
 
     [plan] = plan_seeds(config, variant_dir(root, family, ablation, point), study.budget_of(ablation),
@@ -296,8 +288,7 @@ def run_one(study: Study, root: Path, seed: int, family: str | None = None, abla
 def _tracker(study: Study, name: str, seed: int, ablation: str | None, point: str | None, log):
     """The MLflow observer of one study run: the study's experiment, the run named and tagged by
     what it is in the study (the tags the UI filters and groups the sweep by)."""
-    import os
-
+    # deferred: mlflow at import time (start-up of the study's checks of its params)
     from solrl_core.tracking import MlflowObserver
 
     tags = {"solrl.study": study.experiment, "solrl.variant": name, "solrl.seed": str(seed),
@@ -310,13 +301,12 @@ def _tracker(study: Study, name: str, seed: int, ablation: str | None, point: st
 
 def compare_study(study: Study, root: Path, ablation: str | None = None, command: str = "") -> dict:
     """The comparison of the study's families (or of one ablation's points) from their finished runs."""
+    # deferred: torch and matplotlib at import time (start-up of the study's checks of its params)
     from solrl_core.compare import compare_finished_runs
 
     if ablation is None:
         names, seeds, out = list(study.families), study.seeds, root
     else:
-        from solrl_core.ablations import variant_name
-
         _known(ablation, study.ablations, "ablation", "ablations")
         names = [variant_name(ablation, str(point)) for point in study.ablations[ablation]["points"]]
         seeds, out = study.ablations[ablation]["seeds"], ablation_dir(root, ablation)

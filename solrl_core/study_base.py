@@ -16,7 +16,6 @@ or machine gives the same manifest, so moving it reruns nothing.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -63,17 +62,21 @@ def pretrain_base(study: Study, model: ModelConfig, overwrite_packaged: bool) ->
         raise ConfigError(f"params.yaml: base {study.base} is the packaged base checkpoint, which every "
                           f"embedded-world run starts from; rebuilding it takes minutes: give --overwrite-packaged "
                           f"(dvc.yaml's base stage does, when the world's code changed)")
-    # deferred: solrl_core.cli imports the command table (cli_studies) that leads here
-    from solrl_core.cli import command_pretrain
+    # deferred: diffusers at import time (start-up of a real model's base stage)
+    from solrl_core.world.pretrain import PretrainError, PretrainSettings, pretrain
 
-    command_pretrain(argparse.Namespace(steps=None, heads=None, seed=None, out=str(base),
-                                        overwrite_packaged=overwrite_packaged))
+    try:
+        record = pretrain(base, PretrainSettings())
+    except PretrainError as error:
+        raise ConfigError(str(error)) from None
+    print(f"pretrained in {record['seconds']}s, final loss {record['final_loss']:.4f}; wrote {base}")
     return base
 
 
 def write_manifest(study: Study, configs: dict, log) -> Path:
     """Check the model's and every reward's files (ModelFilesMissing names what is missing), then
     write the manifest of the model folder to ``study.base``."""
+    # deferred: diffusers and transformers at import time (start-up of the embedded world's base stage)
     from solrl_core.models.registry import check_model_files
     from solrl_core.rewards.registry import check_reward_files
 

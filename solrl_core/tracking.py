@@ -72,6 +72,7 @@ def bounded_http(tracking_uri: str) -> Iterator[None]:
 def _tracking_errors() -> tuple[type[BaseException], ...]:
     """What a store that stopped answering raises: MLflow's own error (a REST call past its
     retries, a database error), or a connection/file error from below it."""
+    # deferred: mlflow at import time (as in on_start)
     import requests
     from mlflow.exceptions import MlflowException
 
@@ -194,6 +195,7 @@ class MlflowObserver(RunObserver):
         self.client.log_batch(self.run_id, tags=[RunTag("solrl.resumed_at_iteration", str(resumed_at))])
 
     def _previous_run(self, out_dir: Path) -> str | None:
+        # deferred: mlflow at import time (as in on_start)
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
