@@ -240,7 +240,7 @@ def test_the_flag_lets_pretrain_write_the_packaged_checkpoint(capsys, monkeypatc
     assert [Path(out).resolve() for out in written_to] == [SHAPES_TINY_CHECKPOINT] * 2
 
 
-def test_the_dvc_pretrain_stage_passes_the_flag_and_its_lock_agrees():
-    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["pretrain"]
-    locked = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))["stages"]["pretrain"]
+def test_the_dvc_base_stage_passes_the_flag_and_its_lock_agrees():
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["base"]
+    locked = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))["stages"]["base"]
     assert "--overwrite-packaged" in stage["cmd"] and locked["cmd"].endswith("--overwrite-packaged")
