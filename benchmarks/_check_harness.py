@@ -1,7 +1,7 @@
 """The machinery of the one-try GPU check (benchmarks/gpu_check.py), kept apart from what it
-measures: the package report and refusal, the compile-toolchain probe with its eager fallback,
-sections that run isolated and are saved one by one, and the routing that lets a CPU rehearsal
-take the explorer's GPU path.
+measures: the package report and refusal, sections that run isolated and are saved one by one,
+and the routing that lets a CPU rehearsal take the explorer's GPU path. The compile-toolchain
+probe and its eager fallback are solrl_core's own (solrl_core.quant.gpu_path).
 
 A lent GPU gives one try of a few minutes, so nothing here may take the whole check down: a
 section that raises is recorded (with its traceback) and the next one runs, and the JSON is
@@ -68,28 +68,6 @@ def environment_line(record: dict) -> str:
     words.append(f"CUDA {record['cuda'] or 'none'}")
     words.append(f"device {record.get('gpu', record['device'])} capability {record['capability'] or 'none'}")
     return ", ".join(words)
-
-
-# --- torch.compile: probe once, fall back to eager ---------------------------------------------
-
-
-def compile_toolchain_problem(device: torch.device) -> str | None:
-    """Why torch.compile cannot build kernels for ``device``, or None: solrl_core's own check,
-    asked before the first real kernel so that a missing Triton or C compiler costs one line."""
-    from solrl_core.quant.gpu_path import toolchain_problem
-
-    return toolchain_problem(device)
-
-
-def use_eager_quantizers() -> None:
-    """Make the quantizers that solrl_core compiles on CUDA run eager instead: the same numbers,
-    more kernels. The kernel modules keep their compiled callables in module caches; filling the
-    caches with the eager functions is the one way in without editing them."""
-    from solrl_core.quant import fp8, nvfp4_linear
-
-    fp8._COMPILED_QUANTIZE = fp8.quantize_fp8
-    for function in (nvfp4_linear.quantize_activation_scaled, nvfp4_linear.decode_scaled_codes):
-        nvfp4_linear._COMPILED[function.__name__] = function
 
 
 # --- the FP8 GEMM path on a CPU ----------------------------------------------------------------

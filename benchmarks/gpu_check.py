@@ -49,6 +49,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _check_harness as harness  # noqa: E402
+from solrl_core.quant.gpu_path import compile_toolchain_problem  # noqa: E402
 from solrl_core.quant.te_nvfp4 import TE_TOKEN_MULTIPLE  # noqa: E402
 
 # --- the GPU run's architectures, each stated once --------------------------------------------
@@ -609,10 +610,9 @@ def run_check(rehearse: bool, out: Path, echo=print) -> int:
     if refusal:
         echo(refusal)
         return 2
-    compile_problem = harness.compile_toolchain_problem(device)
-    if compile_problem:
-        harness.use_eager_quantizers()
-        echo(f"torch.compile unavailable ({compile_problem}): quantizers and blocks run eager, slower than compiled")
+    # solrl_core's own probe, asked once before the first kernel: where it finds a problem, the
+    # quantizers and model.compile run eager by themselves (with its one warning line).
+    compile_problem = compile_toolchain_problem(device.type)
     started = time.perf_counter()
     report = {"mode": scale.name, "environment": environment, "compile_problem": compile_problem,
               "explorer_target": explorer_target(device), "te_token_rule": te_token_rule(scale.batch),

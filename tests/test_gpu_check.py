@@ -84,19 +84,6 @@ def test_a_missing_required_package_refuses_in_one_line(tmp_path, monkeypatch, c
     assert not (tmp_path / "check.json").exists()
 
 
-def test_a_failed_compile_toolchain_falls_back_to_eager(monkeypatch):
-    from solrl_core.quant import fp8, gpu_path, nvfp4_linear
-
-    monkeypatch.setattr(fp8, "_COMPILED_QUANTIZE", None)
-    monkeypatch.setattr(nvfp4_linear, "_COMPILED", {})
-    monkeypatch.setattr(gpu_path.shutil, "which", lambda name: None)
-    problem = harness.compile_toolchain_problem(torch.device("cpu"))
-    assert problem and "C compiler" in problem
-    harness.use_eager_quantizers()
-    assert fp8._compiled_quantize() is fp8.quantize_fp8
-    assert nvfp4_linear._compiled(nvfp4_linear.decode_scaled_codes) is nvfp4_linear.decode_scaled_codes
-
-
 def test_verdicts_judge_only_on_the_gpu():
     report = {"environment": {"gpu_memory_gib": 80.0}, "sections": {
         "layers_flux": {"status": "ok", "result": {"layers": [
