@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._threads import add_threads_option, use_threads  # noqa: E402
 from solrl_core import stages  # noqa: E402
-from solrl_core.config import parse_override  # noqa: E402
+from solrl_core.cli_syntax import add_list_argument, run_seed_list  # noqa: E402
+from solrl_core.config import ConfigError, parse_override  # noqa: E402
 from solrl_core.fidelity import fidelity_seeds, ranking_metrics  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
 from solrl_core.models.adapters import OLD, active_adapter  # noqa: E402
@@ -56,16 +57,6 @@ DEFAULT_OUT = Path("reports/benchmarks/per_sample_scale.json")
 QUICK_OUT = Path(tempfile.gettempdir()) / "per_sample_scale-quick.json"  # a smoke run never replaces the report
 QUICK = {"prompts": 4, "pool": 8, "seeds": "0,1", "batch": 16, "repeats": 2,
          "overrides": ["explore.steps=2", "regenerate.steps=3", "explore.chunk=16"]}
-
-
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give run seeds as integers, e.g. 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"{text!r}: give distinct run seeds, e.g. 0,1,2")
-    return seeds
 
 
 def fidelity_for_seed(config, seed: int, prompts: int, pool: int, explorers: dict, state) -> dict:
@@ -159,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="shapes-tiny")
     parser.add_argument("--prompts", type=int, default=None, help=f"held-out prompts (default {FULL['prompts']})")
     parser.add_argument("--pool", type=int, default=None, help=f"seeds per prompt (default {FULL['pool']})")
-    parser.add_argument("--seeds", type=parse_seeds, default=None, help=f"run seeds (default {FULL['seeds']})")
+    add_list_argument(parser, "--seeds", "0,1,2", default=None, help=f"run seeds (default {FULL['seeds']})")
     parser.add_argument("--batch", type=int, default=None, help=f"batch of the timed forward (default {FULL['batch']})")
     parser.add_argument("--repeats", type=int, default=None, help=f"timed repeats (default {FULL['repeats']})")
     parser.add_argument("--out", type=Path, default=None,
@@ -167,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-S", dest="overrides", action="append", default=[],
                         help="config KEY=VALUE, after the defaults")
     add_threads_option(parser)
-    args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
+    try:  # the list syntax's one-line refusals (`--seeds 0 1`, a repeated or negative seed)
+        args = parser.parse_args(argv)
+        sizes = QUICK if args.quick else FULL
+        seeds = run_seed_list(args.seeds or sizes["seeds"])
+    except ConfigError as error:
+        parser.error(str(error))
     out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
     prompts, pool = args.prompts or sizes["prompts"], args.pool or sizes["pool"]
-    seeds = args.seeds or parse_seeds(sizes["seeds"])
     batch, repeats = args.batch or sizes["batch"], args.repeats or sizes["repeats"]
     if min(prompts, pool, batch, repeats) < 1 or pool < 4:
         parser.error("--prompts, --batch and --repeats must be >= 1 and --pool >= 4")

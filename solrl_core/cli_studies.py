@@ -22,7 +22,7 @@ import torch
 from solrl_core.ablations import ABLATION_FAMILY, ABLATIONS, ablation_overrides, ablation_points, variant_name
 from solrl_core.accounting import DEVICE_PROFILES
 from solrl_core.adaptive import schedule_problem
-from solrl_core.cli_syntax import add_list_argument
+from solrl_core.cli_syntax import add_list_argument, run_seed_list
 from solrl_core.command_errors import RunFailed, UserError
 from solrl_core.config import MAX_COUNT, ConfigError, parse_override, shown
 from solrl_core.fidelity import FidelityPlan, format_result, parse_schedules, plot_fidelity, run_fidelity
@@ -158,21 +158,6 @@ def one_value_each(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} needs a value")
 
 
-def _seed_list(text: str | None) -> list[int] | None:
-    """``--seeds 0,1,2``: distinct run seeds in [0, 2**63); None keeps the single-seed layout."""
-    if text is None:
-        return None
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    if not values or min(values) < 0 or max(values) >= 2**63:
-        raise ConfigError(f"--seeds {text!r}: give run seeds from 0 to 2**63-1, e.g. 0,1,2")
-    if len(set(values)) != len(values):
-        raise ConfigError(f"--seeds {text!r}: each seed once; a repeated seed would train the same run twice")
-    return values
-
-
 def _profile_list(text: str | None) -> list[str] | None:
     """``--also-profile``: None is the default choice; ``none`` re-costs under no other profile."""
     if text is None:
@@ -284,7 +269,7 @@ def command_compare(args: argparse.Namespace) -> int:
     if budget is None or not math.isfinite(budget) or budget <= 0:
         raise ConfigError(f"--budget-gpu-hours ({budget}) must be a positive number, e.g. 2e-5")
     _count(args.evaluations, "--evaluations", 1)
-    seeds = _seed_list(args.seeds)
+    seeds = run_seed_list(args.seeds)
     also_profiles = _profile_list(args.also_profile)
     overrides = with_flag([parse_override(text) for text in args.overrides], "--device", "accounting.device",
                           args.device)
@@ -411,7 +396,7 @@ def command_sweep(args: argparse.Namespace, runners=None) -> int:
     try:
         result = runners.sweep(budget_gpu_hours=args.budget_gpu_hours, devices=args.devices, out=args.out,
                                preset=args.preset, families=families, ablation=args.ablation,
-                               seeds=_seed_list(args.seeds), evaluations=args.evaluations,
+                               seeds=run_seed_list(args.seeds), evaluations=args.evaluations,
                                overrides=list(args.overrides), deployment=args.deployment,
                                poll_seconds=args.poll_seconds)
     except (KeyError, FileExistsError) as error:  # an unknown deployment, a run folder in the way

@@ -32,3 +32,18 @@ class CommaList(argparse.Action):
 
 def add_list_argument(parser: argparse.ArgumentParser, flag: str, example: str, **kwargs) -> None:
     parser.add_argument(flag, action=CommaList, example=example, **kwargs)
+
+
+def run_seed_list(text: str | None) -> list[int] | None:
+    """``--seeds 0,1,2``: distinct run seeds in [0, 2**63); None keeps the single-seed layout."""
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not values or min(values) < 0 or max(values) >= 2**63:
+        raise ConfigError(f"--seeds {text!r}: give run seeds from 0 to 2**63-1, e.g. 0,1,2")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--seeds {text!r}: each seed once; a repeated seed would train the same run twice")
+    return values
