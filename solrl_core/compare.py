@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from solrl_core import seed_stats
+from solrl_core import compare_markdown, compare_stats, seed_stats
 from solrl_core.accounting import SampleFlops, device_profile, iteration_hours
 from solrl_core.checkpoint import CHECKPOINT, CheckpointError, read_metadata
 from solrl_core.config import Config, from_dict, set_key, to_dict
@@ -39,6 +39,7 @@ from solrl_core.presets import FAMILIES, validate
 from solrl_core.prompts import evaluation_prompts
 from solrl_core.recost import check_also_profiles, recosted_hours
 from solrl_core.rewards.registry import RewardSet
+from solrl_core.speedup import DEFAULT_FRACTION, first_crossing, speedup_to_equal_reward  # noqa: F401 (re-exported)
 from solrl_core.stages import modeled_iteration_hours
 from solrl_core.training import RunObserver, run_training
 
@@ -47,7 +48,6 @@ BASELINE, CANDIDATE = "diffusionnft", "sol_rl"
 ADAPTIVE = "sol_rl_adaptive"
 # naive_scaling's control: its pool and cost, K kept at random (what keeping the extremes adds).
 RANDOM_POOL = "random_pool"
-GAIN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 # The base model's and the latest evaluation's images, rewritten at every evaluation: a run resumed
 # from its checkpoint does not evaluate the base again, and the sample grid still needs them.
 EVAL_IMAGES = "eval_images.safetensors"
@@ -62,55 +62,6 @@ PAPER_SPEEDUP_TO_EQUAL_REWARD = {"SANA": 2.42, "FLUX.1": 3.00, "SD3.5-L": 4.64}
 
 
 Curve = list[tuple[float, float]]  # (GPU-hours, reward), GPU-hours ascending, first point the base
-
-
-def first_crossing(curve: Curve, target: float) -> float | None:
-    """GPU-hours at which ``curve`` first reaches ``target``, linear between evaluations; None if never."""
-    if not curve:
-        return None
-    hours, reward = curve[0]
-    if reward >= target:
-        return hours
-    for (h0, r0), (h1, r1) in zip(curve[:-1], curve[1:]):
-        if r1 >= target:
-            return h0 + (target - r0) / (r1 - r0) * (h1 - h0) if r1 != r0 else h1
-    return None
-
-
-# A speed-up that is not defined says why: the full sentence goes to compare.json, the short form
-# to the tables and bullets, where the interval beside it already says the rest.
-BASELINE_DID_NOT_IMPROVE = "the baseline did not improve on its start; no speed-up is defined"
-CANDIDATE_NEVER_REACHED = "the candidate never reached the target within the budget"
-# Each reason: its key in a bootstrap's undefined_reasons, and its short form.
-_UNDEFINED = {BASELINE_DID_NOT_IMPROVE: ("baseline_did_not_improve", "undefined (no baseline gain)"),
-              CANDIDATE_NEVER_REACHED: ("candidate_never_reached", "not reached")}
-
-
-def speedup_to_equal_reward(baseline: Curve, candidate: Curve, fractions: Sequence[float] = GAIN_FRACTIONS) -> dict:
-    """GPU-hours the baseline needs to reach a reward over those the candidate needs.
-
-    Targets: the baseline's base reward plus ``fraction`` of its gain (fraction 1.0 is the
-    baseline's own final evaluation reward, the paper's headline). The baseline's hours are its
-    own first crossing of the target, so a curve that peaks before its end counts from the peak.
-    """
-    start, final = baseline[0][1], baseline[-1][1]
-    gain = final - start
-    result: dict = {"baseline_start_reward": start, "baseline_final_reward": final, "baseline_gain": gain, "at": {}}
-    for fraction in fractions:
-        entry: dict = {"target_reward": start + fraction * gain, "baseline_gpu_hours": None,
-                       "candidate_gpu_hours": None, "speedup": None}
-        if gain <= 0:
-            entry["note"] = BASELINE_DID_NOT_IMPROVE
-        else:
-            entry["baseline_gpu_hours"] = first_crossing(baseline, entry["target_reward"])
-            entry["candidate_gpu_hours"] = first_crossing(candidate, entry["target_reward"])
-            if entry["candidate_gpu_hours"] is None:
-                entry["note"] = CANDIDATE_NEVER_REACHED
-            elif entry["candidate_gpu_hours"] > 0:
-                entry["speedup"] = entry["baseline_gpu_hours"] / entry["candidate_gpu_hours"]
-        result["at"][f"{fraction:g}"] = entry
-    result["speedup_to_equal_reward"] = result["at"].get("1", {}).get("speedup")
-    return result
 
 
 def curve_from_run(run_dir: Path, metric: Callable[[dict], float]) -> list[dict]:
@@ -307,7 +258,7 @@ def run_variant(name: str, plan: dict, log: Callable[[str], None], observers: Se
 
 def run_comparison(variants: dict[str, Config], budget_gpu_hours: float, out_dir: Path, evaluations: int = 6,
                    command: str = "", log: Callable[[str], None] = print, seeds: Sequence[int] | None = None,
-                   also_profiles: list[str] | None = None) -> dict:
+                   also_profiles: list[str] | None = None, speedup_fraction: float = DEFAULT_FRACTION) -> dict:
     """Train every variant to the budget under ``out_dir/runs/<name>`` (``.../seed-<s>`` for each
     of ``seeds``) and write the report files.
 
@@ -323,14 +274,16 @@ def run_comparison(variants: dict[str, Config], budget_gpu_hours: float, out_dir
                       for plan in seed_plans] for name, seed_plans in plans.items()}
     first = next(iter(variants.values()))
     report = build_report(variants, results, budget_gpu_hours, metric_name(first.rewards),
-                          weighted_metric(first.rewards), command, also_profiles=also_profiles)
+                          weighted_metric(first.rewards), command, also_profiles=also_profiles,
+                          speedup_fraction=speedup_fraction)
     report["seconds"] = round(time.perf_counter() - started, 1)
     write_outputs(report, results, out_dir)
     return report
 
 
 def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float, command: str = "",
-                          families: list[str] | None = None, seeds: list[int] | None = None) -> dict:
+                          families: list[str] | None = None, seeds: list[int] | None = None,
+                          speedup_fraction: float = DEFAULT_FRACTION) -> dict:
     """compare.json, compare.png, compare.md and samples_grid.png in ``out_dir`` from the finished
     runs in ``runs_dir/<name>/`` or, one per run seed, ``runs_dir/<name>/seed-<s>/`` (each with
     summary.json, metrics.jsonl and the evaluation images).
@@ -349,7 +302,7 @@ def compare_finished_runs(runs_dir: Path, out_dir: Path, budget_gpu_hours: float
     variants = {name: runs[0]["config"] for name, runs in results.items()}
     first = next(iter(variants.values()))
     report = build_report(variants, results, budget_gpu_hours, metric_name(first.rewards),
-                                  weighted_metric(first.rewards), command)
+                          weighted_metric(first.rewards), command, speedup_fraction=speedup_fraction)
     report["seconds"] = round(time.perf_counter() - started, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_outputs(report, results, out_dir)
@@ -382,7 +335,8 @@ def write_metrics(report: dict, path: Path) -> None:
 
 
 def build_report(variants: dict[str, Config], results: dict, budget: float, metric_label: str,
-                 metric: Callable[[dict], float], command: str, also_profiles: list[str] | None = None) -> dict:
+                 metric: Callable[[dict], float], command: str, also_profiles: list[str] | None = None,
+                 speedup_fraction: float = DEFAULT_FRACTION) -> dict:
     """compare.json's content from the finished runs: ``results[name]`` is one run or a list of
     runs, one per seed; a variant's curve, final rewards and speed-ups are means over its seeds."""
     runs = {name: seed_runs(result) for name, result in results.items()}
@@ -401,28 +355,35 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
     }
     for name, seed_list in runs.items():
         report["families"][name] = family_entry(name, seed_list, points[name], curves[name], first)
+    report["final_reward_spread"] = final_reward_spread(results, first, statistic_pairs(trained_families(runs)))
+    report["seed_statistics"] = seed_statistics(runs, points, device, also_profiles, report["final_reward_spread"],
+                                                speedup_fraction)
+    headlines(report)
+    return report
+
+
+def headlines(report: dict) -> None:
+    """compare.json's top-level readings, from its statistics: the mean-curve point speed-ups at
+    each share of the baseline's gain (the paper's definition at 1), each family's declared
+    threshold speed-up under every profile (the verdict's), sol_rl's as the headline."""
+    statistics, curves = report["seed_statistics"], report["families"]
+    for key in ("speedups", "speedup_at_fraction_of_gain", "naive_quant_below_sol_rl", "naive_quant_minus_sol_rl"):
+        report.pop(key, None)
     if BASELINE in curves:
-        baseline = as_curve(curves[BASELINE])
-        report["speedups"] = {name: speedup_to_equal_reward(baseline, as_curve(mean_points))
-                              for name, mean_points in curves.items() if name != BASELINE}
-        headline = report["speedups"].get(CANDIDATE)
-        report["speedup_to_equal_reward"] = headline["speedup_to_equal_reward"] if headline else None
-        report["speedup_at_fraction_of_gain"] = (
-            {fraction: entry["speedup"] for fraction, entry in headline["at"].items()} if headline else None)
-    if "naive_quant" in results and CANDIDATE in results:
-        report["naive_quant_below_sol_rl"] = (report["families"]["naive_quant"]["final_reward"]
-                                              < report["families"][CANDIDATE]["final_reward"])
-    statistics = seed_statistics(runs, points, device, also_profiles, first.accounting.utilization)
-    report["seed_statistics"] = statistics
-    report["speedup_by_profile"] = speedup_by_profile(statistics, CANDIDATE)
-    # Every family's, sol_rl_adaptive's beside sol_rl's (the same entries as speedup_by_profile).
-    by_family = {name: speedup_by_profile(statistics, name) for name in runs if name != BASELINE}
+        baseline = as_curve(curves[BASELINE]["curve"])
+        report["speedups"] = {name: speedup_to_equal_reward(baseline, as_curve(entry["curve"]))
+                              for name, entry in curves.items() if name != BASELINE}
+    by_family = {name: {profile: entry[name]["threshold"] for profile, entry in statistics["speedups"].items()
+                        if name in entry} for name in curves if name != BASELINE}
     report["speedups_by_family"] = {name: entry for name, entry in by_family.items() if entry}
+    report["speedup_by_profile"] = report["speedups_by_family"].get(CANDIDATE, {})
+    own = report["speedup_by_profile"].get(report["device_profile"])
+    report["speedup_to_equal_reward"] = own["speedup"] if own else None
+    report["speedup_fraction"] = statistics["speedup_fraction"]
+    if CANDIDATE in report.get("speedups", {}):
+        report["speedup_to_baseline_final"] = report["speedups"][CANDIDATE]["speedup_to_equal_reward"]
     if "naive_quant - sol_rl" in statistics["final_differences"]:
         report["naive_quant_minus_sol_rl"] = statistics["final_differences"]["naive_quant - sol_rl"]
-    report["final_reward_spread"] = final_reward_spread(results, first)
-    report["paper"] = {"speedup_to_equal_reward": PAPER_SPEEDUP_TO_EQUAL_REWARD}
-    return report
 
 
 def family_entry(name: str, seed_list: list[dict], seed_points: list[list[dict]], mean_points: list[dict],
@@ -495,7 +456,8 @@ def profile_basis(device: str, utilization: float) -> str:
     return f"modeled: FLOPs / ({device} dense peak per stage precision x utilisation {utilization:g})"
 
 
-# Final-reward differences reported with their bootstrap interval (where both variants ran).
+# Pairs compared at the finals, at equal budget and after equal iterations (where both ran), each
+# with its verdict; a study's variants are read against the family they vary too.
 DIFFERENCE_PAIRS = (("naive_quant", CANDIDATE), (CANDIDATE, BASELINE), (CANDIDATE, "naive_scaling"),
                     (ADAPTIVE, CANDIDATE), (ADAPTIVE, BASELINE), ("naive_scaling", RANDOM_POOL),
                     (RANDOM_POOL, BASELINE))
@@ -508,47 +470,82 @@ def variant_pairs(families: dict[str, str]) -> list[tuple[str, str]]:
     return [(name, family) for name, family in families.items() if name != family and family in families]
 
 
-def _trained_families(runs: dict) -> dict[str, str]:
+def statistic_pairs(families: dict[str, str]) -> list[tuple[str, str]]:
+    """The pairs a report compares (``families``: each compared name and the family its runs
+    trained): the method's pairs and each variant against its family, or, for an ablation's points
+    (all of one family under their own names), each point against the first."""
+    names = list(families)
+    pairs = [(a, b) for a, b in [*DIFFERENCE_PAIRS, *variant_pairs(families)] if a in families and b in families]
+    if pairs or len(names) < 2 or any(name in FAMILIES for name in names):
+        return pairs
+    return [(name, names[0]) for name in names[1:]]
+
+
+def trained_families(runs: dict) -> dict[str, str]:
     return {name: seed_runs(result)[0]["config"].family for name, result in runs.items()}
 
 
-def speedup_by_profile(statistics: dict, name: str) -> dict:
-    """``name``'s speed-up to the baseline's final reward under each cost profile, with its
-    bootstrap interval and how often it is undefined; empty without a baseline."""
-    keys = ("speedup", "ci", "resamples", "undefined_share", "undefined_reasons", "note")
-    return {profile: {key: entry["speedups"][name][key] for key in keys}
-            for profile, entry in statistics["profiles"].items() if name in entry["speedups"]}
+def restate_report(report: dict, speedup_fraction: float | None = None) -> dict:
+    """``report`` (a compare.json) with its statistics recomputed from the per-seed curves it holds,
+    so a committed comparison is restated without its run folders. A re-costed profile is kept
+    where each family's seeds share their evaluation hours (its mean curve's hours are then every
+    seed's); the final's evaluation-set SE comes from the pairs the report scored per image."""
+    families = report["families"]
+    points = {name: [run["curve"] for run in entry["runs"]] for name, entry in families.items()}
+    device = report["device_profile"]
+    profiles = {device: {name: [as_curve(run) for run in runs] for name, runs in points.items()}}
+    recorded = (report.get("seed_statistics") or {}).get("profiles", {})
+    for profile, entry in recorded.items():
+        if profile == device or any(family.get("interpolated_across_seeds") or len(family["curve"]) != len(points[name][0])
+                                    for name, family in entry["families"].items()):
+            continue
+        profiles[profile] = {name: [list(zip([p["gpu_hours"] for p in family["curve"]], [p["reward"] for p in run]))
+                                    for run in points[name]] for name, family in entry["families"].items()}
+    fraction = speedup_fraction or report.get("speedup_fraction") or DEFAULT_FRACTION
+    statistics = compare_stats.statistics(
+        points, {name: [run["seed"] for run in entry["runs"]] for name, entry in families.items()},
+        statistic_pairs({name: entry["family"] for name, entry in families.items()}), profiles, device, BASELINE,
+        eval_se=eval_standard_errors(report.get("final_reward_spread")), fraction=fraction)
+    for profile, entry in statistics["profiles"].items():
+        entry.update({key: recorded[profile][key] for key in ("role", "basis") if key in recorded.get(profile, {})})
+    restated = {**report, "seed_statistics": statistics}
+    headlines(restated)
+    return restated
+
+
+def write_restated(out_dir: Path, speedup_fraction: float | None = None) -> dict:
+    """OUT/compare.json and compare.md rewritten with restated statistics (plots and grids kept)."""
+    report = restate_report(json.loads((out_dir / "compare.json").read_text(encoding="utf-8")), speedup_fraction)
+    write_json(out_dir / "compare.json", report)
+    atomic_write(out_dir / "compare.md", lambda temporary: Path(temporary).write_text(markdown_table(report),
+                                                                                      encoding="utf-8"))
+    return report
 
 
 def seed_statistics(runs: dict[str, list[dict]], points: dict[str, list[list[dict]]], device: str,
-                    also_profiles: list[str], utilization: float) -> dict:
-    """Across seeds: mean ± SE curves under each cost profile, the variants on one GPU-hour grid,
-    the speed-ups to the baseline's final reward and the final-reward differences, each with a
-    bootstrap interval over seeds (when every variant has at least two)."""
-    sizes = {name: len(seed_list) for name, seed_list in runs.items()}
-    draws = seed_stats.resample_indices(sizes) if min(sizes.values()) >= 2 else None
-    finals = {name: [seed[-1]["reward"] for seed in seed_points] for name, seed_points in points.items()}
-    differences = {}
-    for a, b in [*DIFFERENCE_PAIRS, *variant_pairs(_trained_families(runs))]:
-        if a in finals and b in finals:
-            differences[f"{a} - {b}"] = (seed_stats.bootstrap_difference(finals, a, b, draws) if draws else
-                                         {"mean": seed_stats.mean_se(finals[a])[0] - seed_stats.mean_se(finals[b])[0],
-                                          "se": None, "ci": None, "resamples": 0,
-                                          "seeds": {a: len(finals[a]), b: len(finals[b])}})
-    profiles = {}
-    for profile in (device, *also_profiles):
-        curves = {name: [profile_curve(run, seed_points, profile, device) for run, seed_points in
-                         zip(runs[name], points[name])] for name in runs}
-        profiles[profile] = {"role": "the runs' own profile: it sized the budget" if profile == device else
-                             f"re-costed from the recorded FLOPs of the same runs; the budget was sized under {device}",
-                             "basis": profile_basis(profile, utilization), **profile_statistics(curves, draws)}
-    return {"seeds": {name: [run["seed"] for run in seed_list] for name, seed_list in runs.items()},
-            "bootstrap": ({"resamples": seed_stats.BOOTSTRAP_RESAMPLES, "seed": seed_stats.BOOTSTRAP_SEED,
-                           "confidence": seed_stats.CONFIDENCE,
-                           "method": "percentile interval; seeds drawn with replacement within each variant "
-                                     "independently; a resample with no defined speed-up ranks below every "
-                                     "defined one"} if draws else None),
-            "final_differences": differences, "profiles": profiles}
+                    also_profiles: list[str], spread: dict, speedup_fraction: float) -> dict:
+    """compare_stats.statistics over the runs: each seed's curve under every cost profile (the runs'
+    own, and re-costed from their recorded FLOPs), the final's evaluation-set SE per pair."""
+    profiles = {profile: {name: [profile_curve(run, seed_points, profile, device) for run, seed_points in
+                                 zip(runs[name], points[name])] for name in runs} for profile in (device, *also_profiles)}
+    statistics = compare_stats.statistics(
+        points, {name: [run["seed"] for run in seed_list] for name, seed_list in runs.items()},
+        statistic_pairs(trained_families(runs)),
+        profiles, device, BASELINE, eval_se=eval_standard_errors(spread), fraction=speedup_fraction)
+    utilization = runs[next(iter(runs))][0]["config"].accounting.utilization
+    for profile, entry in statistics["profiles"].items():
+        entry["role"] = ("the runs' own profile: it sized the budget" if profile == device else
+                         f"re-costed from the recorded FLOPs of the same runs; the budget was sized under {device}")
+        entry["basis"] = profile_basis(profile, utilization)
+    return statistics
+
+
+def eval_standard_errors(spread: dict | None) -> dict[str, dict]:
+    """Each pair's evaluation-set SE at the finals, and over how many images."""
+    if not spread:
+        return {}
+    return {pair: {"se": entry["se"], "images": spread["images"]}
+            for pair, entry in spread.get("paired_differences", {}).items()}
 
 
 def profile_curve(run: dict, seed_points: list[dict], profile: str, device: str) -> Curve:
@@ -560,76 +557,17 @@ def profile_curve(run: dict, seed_points: list[dict], profile: str, device: str)
     return [(hours[p["iteration"]], p["reward"]) for p in seed_points]
 
 
-def profile_statistics(curves: dict[str, list[Curve]], draws: dict[str, list[list[int]]] | None) -> dict:
-    """Under one cost profile: each variant's mean ± SE curve, all variants on one grid, and the
-    speed-up of every variant to the baseline's final reward with its bootstrap interval."""
-    means = {name: seed_stats.mean_curve(seed_curves) for name, seed_curves in curves.items()}
-    every = [curve for seed_curves in curves.values() for curve in seed_curves]
-    # Variants land on the same GPU-hours only if their iteration costs match; otherwise each
-    # seed's curve is read on a common grid by linear interpolation between its evaluations.
-    grid, interpolated = seed_stats.common_grid(every, max(1, min(len(curve) - 1 for curve in every)))
-    common = {}
-    for name, seed_curves in curves.items():
-        values = [seed_stats.on_grid(curve, grid) for curve in seed_curves]
-        stats = [seed_stats.mean_se([row[i] for row in values]) for i in range(len(grid))]
-        common[name] = {"reward": [m for m, _ in stats], "reward_se": [se for _, se in stats]}
-    families = {name: {"curve": [{"gpu_hours": h, "reward": m, "reward_se": se}
-                                 for h, m, se in zip(mean["gpu_hours"], mean["mean"], mean["se"])],
-                       "interpolated_across_seeds": mean["interpolated"],
-                       "gpu_hours_used": seed_stats.mean_se([curve[-1][0] for curve in curves[name]])[0]}
-                for name, mean in means.items()}
-    speedups = ({name: bootstrap_speedup(means[BASELINE], means[name], BASELINE, name, draws)
-                 for name in curves if name != BASELINE} if BASELINE in curves else {})
-    return {"families": families, "common_grid": {"gpu_hours": grid, "interpolated": interpolated,
-                                                  "families": common}, "speedups": speedups}
-
-
-def bootstrap_speedup(baseline: dict, candidate: dict, baseline_name: str, candidate_name: str,
-                      draws: dict[str, list[list[int]]] | None) -> dict:
-    """The speed-up to the baseline's final reward between the seeds' mean curves (the headline),
-    and over resamples of the seeds: its interval and how often, and why, it is undefined."""
-    def speedup(baseline_values: list[float], candidate_values: list[float]) -> dict:
-        return speedup_to_equal_reward(list(zip(baseline["gpu_hours"], baseline_values)),
-                                       list(zip(candidate["gpu_hours"], candidate_values)), (1.0,))["at"]["1"]
-
-    point = speedup(baseline["mean"], candidate["mean"])
-    result = {"speedup": point["speedup"], "note": point.get("note"), "target_reward": point["target_reward"],
-              "baseline_gpu_hours": point["baseline_gpu_hours"], "candidate_gpu_hours": point["candidate_gpu_hours"],
-              "ci": None, "ci_defined_only": None, "resamples": 0, "undefined_share": None, "undefined_reasons": {}}
-    if draws is None:
-        return result
-    reasons: dict[str, int] = {}
-
-    def statistic(picks: dict[str, list[int]]) -> float | None:
-        entry = speedup(seed_stats.resampled_mean(baseline["per_seed"], picks[baseline_name]),
-                        seed_stats.resampled_mean(candidate["per_seed"], picks[candidate_name]))
-        if entry["speedup"] is None:
-            reason = _UNDEFINED.get(entry.get("note"), ("other",))[0]
-            reasons[reason] = reasons.get(reason, 0) + 1
-        return entry["speedup"]
-
-    sampled = seed_stats.bootstrap(statistic, {baseline_name: draws[baseline_name],
-                                               candidate_name: draws[candidate_name]})
-    result.update(ci=sampled["ci"], ci_defined_only=sampled["ci_defined_only"], resamples=sampled["resamples"],
-                  undefined_share=sampled["undefined_share"], undefined_reasons=reasons)
-    return result
-
-
-def final_reward_spread(results: dict, config: Config) -> dict:
+def final_reward_spread(results: dict, config: Config, pairs: Sequence[tuple[str, str]]) -> dict:
     """The final evaluation's trained reward per image: each variant's mean and standard error, and
-    paired differences (same prompts and seeds) between the families, to read gaps against noise.
-    This is evaluation noise only; the spread across run seeds is in ``seed_statistics``."""
+    paired differences (same prompts and seeds, each image's reward averaged over the run seeds)
+    for every compared pair: the evaluation set's share of a final difference's error."""
     prompts = [p for p in evaluation_prompts(config) for _ in range(config.eval.seeds_per_prompt)]
     scorer = RewardSet(config.rewards, paths=config.reward_paths)
-    # With several run seeds, each evaluation image's reward is its mean over the seeds' runs.
     per_image = {name: torch.stack([scorer.score(run["images"]["final"], prompts).combined.double()
                                     for run in seed_runs(result)]).mean(0)
                  for name, result in results.items()}
-    pairs = [(CANDIDATE, BASELINE), (CANDIDATE, "naive_quant"), (CANDIDATE, "naive_scaling"), ("naive_quant", BASELINE),
-             (ADAPTIVE, CANDIDATE), ("naive_scaling", RANDOM_POOL), *variant_pairs(_trained_families(results))]
     return {"images": len(prompts), "per_variant": {name: _mean_se(values) for name, values in per_image.items()},
-            "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b])
-                                   for a, b in pairs if a in per_image and b in per_image}}
+            "paired_differences": {f"{a} - {b}": _mean_se(per_image[a] - per_image[b]) for a, b in pairs}}
 
 
 def _mean_se(values: torch.Tensor) -> dict:
@@ -759,153 +697,5 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-def markdown_table(report: dict) -> str:
-    families = report["families"]
-    reward_names = list(next(iter(families.values()))["final_rewards"])
-    speedups = report.get("speedups", {})
-    seeds = max(len(entry.get("seeds", [None])) for entry in families.values())
-    header = (["family", "iterations", "modeled GPU-h / iteration", "modeled GPU-h used",
-               "CPU s" if seeds == 1 else f"CPU s ({seeds} seeds)"]
-              + [f"final {name}" for name in reward_names]
-              + ([f"GPU-h to {BASELINE} final", "speed-up"] if speedups else []))
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, entry in families.items():
-        at_final = speedups.get(name, {}).get("at", {}).get("1", {})
-        hours_to_final = (at_final.get("candidate_gpu_hours") if name != BASELINE
-                          else report.get("speedups", {}).get(CANDIDATE, {}).get("at", {}).get("1", {})
-                          .get("baseline_gpu_hours"))
-        speedup = at_final.get("speedup") if name != BASELINE else (1.0 if speedups else None)
-        row = [name, str(entry["iterations"]), f"{entry['modeled_gpu_hours_per_iteration']:.3g}",
-               f"{entry['modeled_gpu_hours_used']:.3g}", f"{entry['cpu_seconds']:.0f}"]
-        row += [_mean_pm(entry["final_rewards"][reward], entry.get("final_rewards_se", {}).get(reward))
-                for reward in reward_names]
-        row += [_fmt(hours_to_final, ".3g", "not reached"), _fmt(speedup, ".2f", "n/a", suffix="x")] if speedups else []
-        lines.append("| " + " | ".join(row) + " |")
-    base = next(iter(families.values()))["base_rewards"]
-    lines.append("")
-    lines.append("Base model: " + ", ".join(f"{name} {value:.4f}" for name, value in base.items()) + ".")
-    if seeds > 1:
-        lines.append("")
-        lines.append(f"Each family trained once per run seed ({', '.join(map(str, report['seeds']))}), every run "
-                     f"sized to the same budget; rewards, GPU-hours and speed-ups are means over the seeds "
-                     f"(± standard error across seeds), CPU seconds their sum.")
-    spread = report.get("final_reward_spread")
-    if spread and spread["paired_differences"]:
-        lines.append("")
-        averaged = f", each image's reward averaged over the {seeds} seeds' runs" if seeds > 1 else ""
-        lines.append(f"Final {report['metric']} differences, paired over the same {spread['images']} evaluation "
-                     f"prompts and seeds{averaged} (mean ± standard error, evaluation noise only): " + ", ".join(
-                         f"{pair} {entry['mean']:+.4f} ± {entry['se']:.4f}"
-                         for pair, entry in spread["paired_differences"].items()) + ".")
-    lines += method_speedups(report)
-    if report.get("speedup_at_fraction_of_gain"):
-        lines.append("")
-        lines.append(f"Speed-up of {CANDIDATE} to equal reward at a share of {BASELINE}'s gain: " + ", ".join(
-            f"{float(fraction):.0%}: {_fmt(value, '.2f', 'n/a', suffix='x')}"
-            for fraction, value in report["speedup_at_fraction_of_gain"].items()) + ".")
-    if "seed_statistics" in report:
-        lines += seed_tables(report, seeds)
-    return "\n".join(lines) + "\n"
-
-
-def method_speedups(report: dict) -> list[str]:
-    """compare.md's headline: sol_rl's and sol_rl_adaptive's speed-ups to the baseline's final
-    reward side by side (and those of a study's variants of them, such as sol_rl with the FP8
-    explorer), under each cost profile, with their bootstrap intervals over seeds."""
-    methods = [name for name, entry in report["families"].items() if entry["family"] in (CANDIDATE, ADAPTIVE)]
-    by_family = {name: report.get("speedups_by_family", {}).get(name) for name in methods}
-    by_family = {name: entry for name, entry in by_family.items() if entry}
-    if not by_family:
-        return []
-    lines = ["", f"Speed-up to {BASELINE}'s final {report['metric']} (95% bootstrap interval over seeds):", ""]
-    for profile in next(iter(by_family.values())):
-        label = f"{profile} (sized the budget)" if profile == report["device_profile"] else f"{profile} (re-costed)"
-        lines.append(f"- {label}: " + "; ".join(
-            f"{name} {speedup_text(entry[profile])}"
-            + (f" {_interval(entry[profile]['ci'])}" if entry[profile]["ci"] is not None else " (one seed: no interval)")
-            for name, entry in by_family.items() if profile in entry))
-    return lines
-
-
-def seed_tables(report: dict, seeds: int) -> list[str]:
-    """compare.md's across-seed part: rewards at equal GPU-hours, the speed-up under each cost
-    profile and the final-reward differences, each with its bootstrap interval."""
-    statistics, metric, device = report["seed_statistics"], report["metric"], report["device_profile"]
-    bootstrap = statistics["bootstrap"]
-    lines: list[str] = []
-    own = statistics["profiles"][device]
-    if seeds > 1:
-        grid = own["common_grid"]
-        names = list(grid["families"])
-        lines += ["", f"Evaluation {metric} at equal modeled GPU-hours ({device}), mean ± SE over seeds"
-                  + (": the families' iteration costs differ, so each seed's curve is read on this common grid by "
-                     "linear interpolation between its evaluations." if grid["interpolated"] else
-                     ": every family was evaluated at these GPU-hours."), "",
-                  "| modeled GPU-h | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-        for i, hours in enumerate(grid["gpu_hours"]):
-            lines.append(f"| {hours:.3g} | " + " | ".join(
-                _mean_pm(grid["families"][name]["reward"][i], grid["families"][name]["reward_se"][i])
-                for name in names) + " |")
-    if own["speedups"]:
-        how = (f"bootstrap {bootstrap['confidence']:.0%} interval: {bootstrap['resamples']} resamples of the seeds, "
-               f"with replacement within each family independently, bootstrap seed {bootstrap['seed']}; a resample "
-               f"whose mean curve never reaches the target ranks below every defined speed-up, so an interval "
-               f"reaching into them has no lower end" if bootstrap else "one seed per family: no interval")
-        lines += ["", f"Speed-up to {BASELINE}'s final {metric} (GPU-hours {BASELINE} needs / GPU-hours the family "
-                  f"needs, between the seeds' mean curves; {how}):", "",
-                  f"| cost profile | family | target {metric} | {BASELINE} GPU-h | family GPU-h | speed-up | "
-                  "95% interval | resamples undefined (never reached) |", "|---|---|---|---|---|---|---|---|"]
-        for profile, entry in statistics["profiles"].items():
-            label = f"{profile} (sized the budget)" if profile == device else f"{profile} (re-costed)"
-            for name, result in entry["speedups"].items():
-                lines.append(f"| {label} | {name} | {result['target_reward']:.4f} | "
-                             f"{_fmt(result['baseline_gpu_hours'], '.3g', 'n/a')} | "
-                             f"{_fmt(result['candidate_gpu_hours'], '.3g', 'not reached')} | "
-                             f"{speedup_text(result)} | "
-                             f"{_interval(result['ci'])} | {_undefined(result)} |")
-    others = [profile for profile in statistics["profiles"] if profile != device]
-    for profile in others:
-        used = statistics["profiles"][profile]["families"]
-        lines += ["", f"Under {profile} the same runs are re-costed from the FLOPs per stage each iteration recorded "
-                  f"({statistics['profiles'][profile]['basis']}). The budget was sized under {device}, so the "
-                  f"re-costed curves cover a different budget per family: " + ", ".join(
-                      f"{name} {entry['gpu_hours_used']:.3g}" for name, entry in used.items())
-                  + f" GPU-hours (budget {report['budget_gpu_hours']:.3g} under {device})."]
-    differences = statistics["final_differences"]
-    if differences:
-        lines += ["", f"| final {metric} difference (across seeds) | mean ± SE | bootstrap 95% interval |",
-                  "|---|---|---|"]
-        for pair, entry in differences.items():
-            lines.append(f"| {pair} | {_mean_pm(entry['mean'], entry['se'], '+.4f')} | "
-                         f"{_interval(entry['ci'], '+.4f', '')} |")
-    return lines
-
-
-def _mean_pm(mean: float, se: float | None, spec: str = ".4f") -> str:
-    return f"{mean:{spec}}" if se is None else f"{mean:{spec}} ± {se:.4f}"
-
-
-def _interval(ci: list | None, spec: str = ".2f", suffix: str = "x") -> str:
-    if ci is None:
-        return "n/a"
-    if ci == [None, None]:
-        return "none defined"
-    return f"[{_fmt(ci[0], spec, 'not reached', suffix)}, {_fmt(ci[1], spec, 'not reached', suffix)}]"
-
-
-def _undefined(result: dict) -> str:
-    if not result["resamples"]:
-        return "n/a"
-    never = result["undefined_reasons"].get("candidate_never_reached", 0) / result["resamples"]
-    return f"{result['undefined_share']:.1%} ({never:.1%})"
-
-
-def speedup_text(entry: dict) -> str:
-    """A speed-up as a table cell: ``1.23x``, or why there is none in a few words."""
-    note = entry.get("note")
-    short = _UNDEFINED[note][1] if note in _UNDEFINED else note
-    return _fmt(entry["speedup"], ".2f", short or "n/a", suffix="x")
-
-
-def _fmt(value, spec: str, missing: str, suffix: str = "") -> str:
-    return missing if value is None else f"{value:{spec}}{suffix}"
+# compare.md is compare_markdown's; re-exported for the callers that write it from a report.
+markdown_table = compare_markdown.markdown_table
