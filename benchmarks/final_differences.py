@@ -1,11 +1,12 @@
-"""Differences of final reward between families of different comparison reports, with their
-bootstrap 95% intervals over seeds.
+"""Differences of final reward between families of different comparison reports, with the
+comparison's own intervals over seeds and a verdict per pair after Holm over the pairs asked for.
 
 A variant probed after the study (its own params file, its own runs) is compared with the study's
 families without running them again: every run is a pure function of its config and seed, so the
-study's per-seed finals in its compare.json are the runs' finals. The interval is the study's own
-(solrl_core.seed_stats: seeds resampled within each family from a generator seeded by the family's
-name), so a pair reads the same here as it would in one report holding both families.
+study's per-seed finals in its compare.json are the runs' finals. The interval is the comparison's
+own (solrl_core.compare_stats.pair_difference: Welch's 95% interval, the paired one beside it when
+the seeds match, the evaluation set's SE joined where one report scored the pair per image), so a
+pair reads as it does in one report holding both families.
 
     .venv/bin/python benchmarks/final_differences.py reports/compare.json \\
         reports/benchmarks/study_shape/adv-mode/compare.json \\
@@ -35,7 +36,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from solrl_core.ledger import write_json  # noqa: E402
-from solrl_core.seed_stats import bootstrap_difference, mean_se, resample_indices  # noqa: E402
+from solrl_core.compare_stats import pair_difference  # noqa: E402
+from solrl_core.intervals import holm, verdict  # noqa: E402
+from solrl_core.seed_stats import mean_se  # noqa: E402
+
+
+def evaluation_errors(reports: list[dict]) -> dict[str, dict]:
+    """The final's evaluation-set SE of every pair a report scored per image, and over how many images."""
+    errors = {}
+    for report in reports:
+        spread = report.get("final_reward_spread") or {}
+        for pair, entry in spread.get("paired_differences", {}).items():
+            errors[pair] = {"se": entry["se"], "images": spread["images"]}
+    return errors
 
 
 def family_finals(reports: list[dict]) -> dict[str, dict]:
@@ -80,16 +93,24 @@ def _peak(family: dict) -> dict:
     return {"reward": best["reward"], "iteration": best["iteration"], "modeled_gpu_hours": best["modeled_gpu_hours"]}
 
 
-def differences(families: dict[str, dict], pairs: list[tuple[str, str]]) -> dict[str, dict]:
+def differences(families: dict[str, dict], pairs: list[tuple[str, str]],
+                evaluation: dict[str, dict] | None = None) -> dict[str, dict]:
     for name in {name for pair in pairs for name in pair}:
         if name not in families:
             raise SystemExit(f"final_differences: no report holds {name}; reports hold {', '.join(families)}")
     for a, b in pairs:
         if families[a]["budget_gpu_hours"] != families[b]["budget_gpu_hours"]:
             raise SystemExit(f"final_differences: {a} and {b} ran to different budgets")
-    finals = {name: entry["finals"] for name, entry in families.items()}
-    draws = resample_indices({name: len(values) for name, values in finals.items()})
-    return {f"{a} - {b}": bootstrap_difference(finals, a, b, draws) for a, b in pairs}
+    result = {}
+    for a, b in pairs:
+        spread = (evaluation or {}).get(f"{a} - {b}")
+        result[f"{a} - {b}"] = pair_difference(families[a]["finals"], families[b]["finals"],
+                                               families[a]["seeds"] == families[b]["seeds"],
+                                               spread and spread["se"], spread and spread["images"] - 1)
+    for entry, adjusted in zip(result.values(), holm([entry["p"] for entry in result.values()])):
+        entry["p_holm"], entry["verdict"] = adjusted, None
+        entry["verdict"] = verdict(entry)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                                json.loads(args.wide.read_text()))
     result = {"reports": [str(path) for path in args.reports], "wide": None if args.wide is None else str(args.wide),
               "families": {name: {**families.get(name, {}), **_mean(families.get(name))} for name in named},
-              "differences": differences(families, pairs)}
+              "differences": differences(families, pairs, None if args.wide else evaluation_errors(reports))}
     write_json(args.out, result)
     for name in named:
         entry = result["families"][name]
@@ -120,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>18}: final{where} {entry['final_mean']:.4f} ± {se}, peak of its curve {peak['reward']:.4f} "
               f"at iteration {peak['iteration']}")
     for pair, difference in result["differences"].items():
-        low, high = difference["ci"]
-        print(f"{pair:>28}: {difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}] over seeds {difference['seeds']}")
+        interval = "n/a" if difference["ci"] is None else f"[{difference['ci'][0]:+.4f}, {difference['ci'][1]:+.4f}]"
+        print(f"{pair:>28}: {difference['mean']:+.4f} {interval} (Welch 95%), Holm p "
+              f"{difference['p_holm'] if difference['p_holm'] is None else round(difference['p_holm'], 3)}: "
+              f"{difference['verdict']}, over seeds {difference['seeds']}")
     return 0
 
 

@@ -4,8 +4,9 @@ iterations beside the equal-budget finals.
 Before/after: each family's final held-out reward (mean ± SE over seeds), the peak of its mean
 curve and the iteration of that peak, in the report made before the change and the one after.
 Equal iterations: each run's reward after 0, 8, 16, ... iterations (linear between its
-evaluations), mean ± SE over seeds, and for each pair the difference with the study's own
-bootstrap interval over seeds (solrl_core.seed_stats). A family's iterations cost what its pool
+evaluations), mean ± SE over seeds, and for each pair the difference with the comparison's own
+interval (solrl_core.compare_stats.pair_difference: Welch's 95%, the paired one beside it) and a
+verdict after Holm over every pair and point printed. A family's iterations cost what its pool
 costs, so at an equal budget a cheap family runs more of them; at equal iterations every family
 has trained on as many samples, and the pairs ask what a sample teaches: naive_scaling (the
 extremes of a pool) against random_pool (random seeds of the same pool), and random_pool against
@@ -27,23 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.final_differences import family_finals  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
-from solrl_core.seed_stats import bootstrap_difference, mean_se, resample_indices  # noqa: E402
+from solrl_core.compare_stats import iterations_done, pair_difference, reward_after  # noqa: E402
+from solrl_core.intervals import holm, verdict  # noqa: E402
+from solrl_core.seed_stats import mean_se  # noqa: E402
 
 ITERATION_STEP = 8
-
-
-def iterations_done(point: dict) -> int:
-    """A curve point's ``iteration`` is the last one finished (-1: the base, before any)."""
-    return point["iteration"] + 1
-
-
-def reward_after(curve: list[dict], iterations: float) -> float:
-    """The run's reward after ``iterations`` iterations, linear between its evaluations."""
-    points = [(iterations_done(p), p["reward"]) for p in curve]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x0 <= iterations <= x1:
-            return y0 + (y1 - y0) * (iterations - x0) / (x1 - x0)
-    raise ValueError(f"no evaluation brackets iteration {iterations} (the run has {points[-1][0]})")
 
 
 def equal_iterations(report: dict, pairs: list[tuple[str, str]], step: int = ITERATION_STEP) -> dict:
@@ -52,12 +41,16 @@ def equal_iterations(report: dict, pairs: list[tuple[str, str]], step: int = ITE
     grid = list(range(0, reach + 1, step))
     per_seed = {name: {k: [reward_after(run["curve"], k) for run in family["runs"]] for k in grid}
                 for name, family in families.items()}
-    draws = resample_indices({name: len(family["runs"]) for name, family in families.items()})
+    seeds = {name: [run["seed"] for run in family["runs"]] for name, family in families.items()}
     table = {name: [{"iterations": k, **dict(zip(("mean", "se"), mean_se(values[k])))} for k in grid]
              for name, values in per_seed.items()}
-    differences = {f"{a} - {b}": [{"iterations": k, **bootstrap_difference(
-        {a: per_seed[a][k], b: per_seed[b][k]}, a, b, draws)} for k in grid[1:]]
-        for a, b in pairs if a in per_seed and b in per_seed}
+    differences = {f"{a} - {b}": [{"iterations": k, **pair_difference(per_seed[a][k], per_seed[b][k],
+                                                                      seeds[a] == seeds[b])} for k in grid[1:]]
+                   for a, b in pairs if a in per_seed and b in per_seed}
+    entries = [entry for points in differences.values() for entry in points]
+    for entry, adjusted in zip(entries, holm([entry["p"] for entry in entries])):
+        entry["p_holm"] = adjusted
+        entry["verdict"] = verdict(entry)
     return {"grid": grid, "families": table, "differences": differences}
 
 
@@ -89,7 +82,10 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(_mean_se(p["mean"], p["se"]) for p in points) + " |")
     for pair, points in equal["differences"].items():
         lines.append(f"| {pair} | – | " + " | ".join(
-            f"{p['mean']:+.4f} [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}]" for p in points) + " |")
+            f"{p['mean']:+.4f} " + ("(one seed: no interval)" if p["ci"] is None else f"[{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}]")
+            + (" *" if p["verdict"] == "resolved" else "")
+            for p in points) + " |")
+    lines += ["", "Differences: Welch 95% interval over seeds; * resolved after Holm over every pair and point above."]
     return "\n".join(lines) + "\n"
 
 

@@ -71,6 +71,13 @@ def add_study_commands(commands) -> None:
     compare.add_argument("--out", required=True, help="output directory (compare.json, compare.png, compare.md, ...)")
     compare.add_argument("--readme-only", action="store_true",
                          help="only rebuild OUT/README.md from the reports already in OUT")
+    compare.add_argument("--restate", action="store_true",
+                         help="recompute the statistics of OUT/compare.json (and OUT/ablation-*/compare.json) from the "
+                              "per-seed curves they hold, rewrite them and their compare.md, then OUT/README.md; "
+                              "no run folder is needed")
+    compare.add_argument("--speedup-fraction", type=float, default=None,
+                         help="share of diffusionnft's mean gain the speed-up's verdict is read at, declared before "
+                              "the runs (default 0.5; with --restate: the report's own)")
     _add_overrides(compare)
     _add_study_stages(commands.add_parser("study", help="the DVC study's stages: base, run, compare "
                                                         "(dvc.yaml, params.yaml; docs/study.md)"))
@@ -255,6 +262,11 @@ def _schedules(text: str | None, pool: int, keep: int, steps: list[int]) -> tupl
 def command_compare(args: argparse.Namespace) -> int:
     one_value_each(args)
     out = output_path(args.out, "--out", directory=True)
+    fraction = args.speedup_fraction
+    if fraction is not None and not (math.isfinite(fraction) and 0 < fraction < 1):
+        raise ConfigError(f"--speedup-fraction ({fraction}) must be a share between 0 and 1, e.g. 0.5")
+    if args.restate:
+        return _restate(out, fraction)
     if args.readme_only:
         if not out.is_dir():
             raise ConfigError(f"--out {out} does not exist; run the comparison first")
@@ -292,7 +304,7 @@ def command_compare(args: argparse.Namespace) -> int:
 
     try:
         report = run_comparison(variants, budget, out, evaluations=args.evaluations, command=command, seeds=seeds,
-                                also_profiles=also_profiles)
+                                also_profiles=also_profiles, speedup_fraction=fraction or 0.5)
     except ModelFilesMissing as missing:
         raise ConfigError(str(missing)) from None
     except FileExistsError as error:
@@ -311,6 +323,27 @@ def command_compare(args: argparse.Namespace) -> int:
                             if entry["ci"] is not None else "")
                 print(f"speed-up to equal reward ({name} vs {BASELINE}, {profile}): {entry['speedup']:.2f}x{interval}")
     print(f"wrote {out / 'compare.json'}, compare.png, compare.md, samples_grid.png; {write_readme(out)}")
+    return 0
+
+
+def _restate(out: Path, fraction: float | None) -> int:
+    """``--restate``: every comparison report under OUT restated from its own per-seed curves."""
+    reports = [path.parent for path in [out / "compare.json", *sorted(out.glob("ablation-*/compare.json"))]
+               if path.is_file()]
+    if not reports:
+        raise ConfigError(f"--out {out} holds no compare.json; run the comparison first")
+    # deferred: torch and matplotlib at import time (start-up of every solrl command)
+    from solrl_core.compare import write_restated
+    from solrl_core.report_readme import write_readme
+
+    for folder in reports:
+        try:
+            write_restated(folder, fraction)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"{folder / 'compare.json'} cannot be restated ({type(error).__name__}: {error}); "
+                              f"it needs the per-seed curves a comparison writes (families.*.runs)") from None
+        print(f"restated {folder / 'compare.json'} and compare.md")
+    print(f"wrote {write_readme(out)}")
     return 0
 
 

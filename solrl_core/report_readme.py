@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from solrl_core.ablations import PAPER_HPSV2
-from solrl_core.compare import ADAPTIVE, CANDIDATE, PAPER_SPEEDUP_TO_EQUAL_REWARD, variant_pairs
+from solrl_core.compare import PAPER_SPEEDUP_TO_EQUAL_REWARD
 from solrl_core.config import parse_override
 from solrl_core.fidelity import PAPER
 
@@ -180,17 +180,7 @@ def _compare_section(report_dir: Path) -> str | None:
              f"GPU-hours ({report['gpu_hours_basis']}); the curves are the evaluation reward "
              f"(`{report['metric']}`, the trained reward) against cumulative modeled GPU-hours. Command: "
              f"`{report['command']}`.\n", table]
-    speedup = report.get("speedup_to_equal_reward")
-    lines.append(f"**Speed-up to equal reward** (GPU-hours diffusionnft needs to reach its own final evaluation "
-                 f"reward / GPU-hours sol_rl needs to reach it): **{_num(speedup, '.2f', 'not reached')}"
-                 f"{'x' if speedup is not None else ''}** on the embedded world{_seeds_and_profiles(report)}; "
-                 f"paper: {paper}.")
-    adaptive = report.get("speedups_by_family", {}).get(ADAPTIVE)
-    if adaptive:
-        lines.append(f"\nBeyond the paper, {ADAPTIVE} (the pool pruned on early drafts) beside it: "
-                     f"**{_times(adaptive.get(report['device_profile'], {}).get('speedup'))}**"
-                     f"{_seeds_and_profiles(report, ADAPTIVE)}.")
-    lines += _variant_lines(report)
+    lines += _headline_lines(report)
     sol = report["families"].get("sol_rl")
     if sol:
         stages = sol["modeled_gpu_hours_per_stage"]
@@ -200,16 +190,6 @@ def _compare_section(report_dir: Path) -> str | None:
                      f"{stages['update'] / sol['modeled_gpu_hours_per_iteration']:.0%} (the paper's SD3.5-L: "
                      f"125 + 62 s rollout, 240 s update, 56% update). The cheaper the rollout relative to the "
                      f"update, the less a cheap explorer can buy.")
-    if "naive_quant_below_sol_rl" in report:
-        families = report["families"]
-        verdict = "below" if report["naive_quant_below_sol_rl"] else "not below"
-        difference = report.get("naive_quant_minus_sol_rl")
-        spread = (f" (naive_quant − sol_rl {difference['mean']:+.4f}, bootstrap 95% interval over seeds "
-                  f"[{difference['ci'][0]:+.4f}, {difference['ci'][1]:+.4f}])"
-                  if difference and difference.get("ci") else "")
-        lines.append(f"\nnaive_quant (trained on its own quantized samples) ends {verdict} sol_rl: "
-                     f"{families['naive_quant']['final_reward']:.4f} vs {families['sol_rl']['final_reward']:.4f}"
-                     f"{spread}.")
     for name, caption in (("compare.png", "reward against modeled GPU-hours"),
                           ("samples_grid.png", "evaluation prompts and seeds: base model and each family's final "
                                                "policy, with each image's rewards")):
@@ -218,55 +198,39 @@ def _compare_section(report_dir: Path) -> str | None:
     return "\n".join(lines)
 
 
-def _variant_lines(report: dict) -> list[str]:
-    """A line per compared variant of a family (params.yaml's families: a name of its own with
-    `family:`, e.g. sol_rl with the FP8 explorer): its speed-up, and its final reward against the
-    family it varies."""
+def _headline_lines(report: dict) -> list[str]:
+    """The speed-ups and final differences of compare.md's claims, each with its interval and verdict."""
+    statistics = report.get("seed_statistics") or {}
+    own = (statistics.get("speedups") or {}).get(report["device_profile"], {})
+    paper = ", ".join(f"{model} {value:.2f}x" for model, value in PAPER_SPEEDUP_TO_EQUAL_REWARD.items())
+    seeds = len(report.get("seeds") or [])
     lines = []
-    differences = report.get("seed_statistics", {}).get("final_differences", {})
-    trained = {name: entry.get("family", name) for name, entry in report["families"].items()}
-    for name, family in variant_pairs(trained):
-        entry = report["families"][name]
-        own = report.get("speedups_by_family", {}).get(name, {}).get(report["device_profile"])
-        speedup = f"speed-up **{_times(own.get('speedup'))}**{_seeds_and_profiles(report, name)}; " if own else ""
-        difference = differences.get(f"{name} - {family}")
-        against = ""
-        if difference:
-            interval = (f", bootstrap 95% interval over seeds [{difference['ci'][0]:+.4f}, {difference['ci'][1]:+.4f}]"
-                        if difference.get("ci") else "")
-            against = f"; final {report['metric']} {name} − {family} {difference['mean']:+.4f}{interval}"
-        lines.append(f"\n{name}, a variant of {family} (params.yaml): {speedup}final {entry['final_reward']:.4f} "
-                     f"against {report['families'][family]['final_reward']:.4f}{against}.")
+    if own:
+        fraction = statistics["speedup_fraction"]
+        lines.append(f"**Speed-up to equal reward** ({seeds} seeds a family; GPU-hours diffusionnft needs to reach "
+                     f"{fraction:.0%} of its mean gain over those the family needs, Welch 95% interval on log "
+                     f"GPU-hours, verdict after Holm over the primary claims): " + "; ".join(
+                         f"{name} {_claim(entry['threshold'], 'x')}" for name, entry in own.items())
+                     + f". The paper's definition (to diffusionnft's final reward, mean curves, no interval): "
+                     + ", ".join(f"{name} {_times(entry['paper'].get('speedup'))}" for name, entry in own.items())
+                     + f"; paper: {paper}.")
+    differences = statistics.get("final_differences") or {}
+    if differences:
+        lines.append(f"
+Final {report['metric']} differences (Welch 95% interval with the evaluation set's error, "
+                     f"Holm over the primary claims): " + "; ".join(
+                         f"{pair} {_claim(entry, '')}" for pair, entry in differences.items()) + ".")
     return lines
 
 
-def _seeds_and_profiles(report: dict, family: str = CANDIDATE) -> str:
-    """A headline's qualifiers: how many seeds, its bootstrap interval, and the same runs under
-    the other cost profiles (re-costed, so over a different budget)."""
-    seeds = report.get("seeds") or []
-    by_profile = report.get("speedups_by_family", {}).get(family) or (
-        report.get("speedup_by_profile", {}) if family == CANDIDATE else {})
-    parts = []
-    own = by_profile.get(report["device_profile"])
-    if len(seeds) > 1:
-        parts.append(f"mean curves of {len(seeds)} seeds per family")
-    if own and own.get("ci"):
-        parts.append(f"bootstrap 95% interval over seeds {_interval(own)}")
-    for profile, entry in by_profile.items():
-        if profile == report["device_profile"]:
-            continue
-        interval = f", interval {_interval(entry)}" if entry.get("ci") else ""
-        parts.append(f"**{_times(entry['speedup'])}** with the same runs re-costed under {profile}{interval} "
-                     f"(a different budget: the runs were sized under {report['device_profile']})")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _interval(entry: dict) -> str:
-    """``[low, high]`` and how many resamples had no speed-up (sol_rl never reaching the target)."""
-    low, high = entry["ci"]
-    never = entry.get("undefined_reasons", {}).get("candidate_never_reached", 0) / max(1, entry.get("resamples", 1))
-    bounds = "none defined" if low is None and high is None else f"[{_times(low)}, {_times(high)}]"
-    return f"{bounds}, undefined in {entry['undefined_share']:.0%} of resamples (never reached: {never:.0%})"
+def _claim(entry: dict, unit: str) -> str:
+    """``value [low, high] (verdict)``; ``not resolved`` (why) when there is no value."""
+    value = entry.get("speedup", entry.get("mean"))
+    if value is None:
+        return f"not resolved ({entry.get('note', 'undefined')})"
+    spec = ".2f" if unit else "+.4f"
+    interval = f" [{entry['ci'][0]:{spec}}{unit}, {entry['ci'][1]:{spec}}{unit}]" if entry.get("ci") else ""
+    return f"{value:{spec}}{unit}{interval} ({entry.get('verdict', 'no verdict')})"
 
 
 def _times(value) -> str:
@@ -288,6 +252,10 @@ def _ablation_sections(report_dir: Path) -> str | None:
             final = f"{entry['final_reward']:.4f}" + (f" ± {se:.4f}" if se is not None else "")
             lines.append(f"| {variant} | {entry['iterations']} | {final} | "
                          f"{_num(paper.get(point), '.4f')} |")
+        differences = (report.get("seed_statistics") or {}).get("final_differences") or {}
+        if differences:
+            lines.append(f"\nFinal differences (Welch 95% interval, Holm over the ablation's primary claims): "
+                         + "; ".join(f"{pair} {_claim(entry, '')}" for pair, entry in differences.items()) + ".")
         if (path.parent / "compare.png").is_file():
             lines.append(f"\n![{name} ablation]({path.parent.name}/compare.png)")
         sections.append("\n".join(lines))

@@ -68,6 +68,9 @@ class Study:
     # The file the base stage writes and every run stage depends on (solrl_core.study_base): the
     # embedded world's checkpoint, or a real model's manifest; None: not named (older params).
     base: str | None = None
+    # The share of the baseline's mean gain the speed-up is read at (its verdict), declared with
+    # the study before any run: on the rise, below the baseline's plateau (solrl_core/speedup.py).
+    speedup_fraction: float = 0.5
 
     def budget_of(self, ablation: str | None = None) -> float:
         """The modeled budget a run trains to: the comparison's, or an ablation's own."""
@@ -95,7 +98,14 @@ def load_study(path: Path) -> Study:
                  device=_text(compare.get("device"), f"{where}: compare.device"),
                  ablations=_ablations(params.get("ablations", {}), where, budget),
                  experiment=_experiment(params.get("tracking", {}), where, params.get("preset")),
-                 base=None if params.get("base") is None else _text(params["base"], f"{where}: base"))
+                 base=None if params.get("base") is None else _text(params["base"], f"{where}: base"),
+                 speedup_fraction=_share(compare.get("speedup_fraction", 0.5), f"{where}: compare.speedup_fraction"))
+
+
+def _share(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"{where}: expected a share of the baseline's gain between 0 and 1, got {shown(value, 40)}")
+    return float(value)
 
 
 def _experiment(value: Any, where: str, preset: str) -> str | None:
@@ -311,4 +321,4 @@ def compare_study(study: Study, root: Path, ablation: str | None = None, command
         names = [variant_name(ablation, str(point)) for point in study.ablations[ablation]["points"]]
         seeds, out = study.ablations[ablation]["seeds"], ablation_dir(root, ablation)
     return compare_finished_runs(out / "runs", out, study.budget_of(ablation), command=command, families=names,
-                                 seeds=seeds)
+                                 seeds=seeds, speedup_fraction=study.speedup_fraction)
