@@ -103,7 +103,7 @@ def differences(families: dict[str, dict], pairs: list[tuple[str, str]],
             raise SystemExit(f"final_differences: {a} and {b} ran to different budgets")
     result = {}
     for a, b in pairs:
-        spread = (evaluation or {}).get(f"{a} - {b}")
+        spread = (evaluation or {}).get(f"{a} - {b}") or (evaluation or {}).get(f"{b} - {a}")
         result[f"{a} - {b}"] = pair_difference(families[a]["finals"], families[b]["finals"],
                                                families[a]["seeds"] == families[b]["seeds"],
                                                spread and spread["se"], spread and spread["images"] - 1)

@@ -56,7 +56,7 @@ def claims(report: dict) -> list[str]:
     method = statistics["method"]
     seeds = {len(s) for s in statistics["seeds"].values()}
     counts = method["holm"]
-    lines = ["", "## Claims", "",
+    lines = ["", "### Claims", "",
              f"{_seed_count(seeds)} seeds a family. Intervals: {method['confidence']:.0%} {method['interval']}; "
              f"the paired interval over run seeds beside it (not the verdict's). A claim is **resolved** when "
              f"its Holm-adjusted p is below {method['alpha']:g}: Holm over the {counts['primary']} primary claims "

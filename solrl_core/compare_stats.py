@@ -81,7 +81,8 @@ def statistics(points: dict[str, list[list[dict]]], seeds: dict[str, list[int]],
 
     final_differences = {}
     for a, b in pairs:
-        spread = (eval_se or {}).get(f"{a} - {b}")
+        # the evaluation set's SE is the same for a pair read either way round
+        spread = (eval_se or {}).get(f"{a} - {b}") or (eval_se or {}).get(f"{b} - {a}")
         entry = pair_difference(finals[a], finals[b], same[(a, b)], spread and spread["se"],
                                 spread and spread["images"] - 1)
         final_differences[f"{a} - {b}"] = entry

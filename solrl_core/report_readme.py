@@ -216,8 +216,7 @@ def _headline_lines(report: dict) -> list[str]:
                      + f"; paper: {paper}.")
     differences = statistics.get("final_differences") or {}
     if differences:
-        lines.append(f"
-Final {report['metric']} differences (Welch 95% interval with the evaluation set's error, "
+        lines.append(f"\nFinal {report['metric']} differences (Welch 95% interval with the evaluation set's error, "
                      f"Holm over the primary claims): " + "; ".join(
                          f"{pair} {_claim(entry, '')}" for pair, entry in differences.items()) + ".")
     return lines
