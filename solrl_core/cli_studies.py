@@ -64,7 +64,7 @@ def add_study_commands(commands) -> None:
     compare.add_argument("--evaluations", type=int, default=6, help="evaluations per family over the budget")
     add_list_argument(compare, "--seeds", "0,1,2", default=None,
                       help="run seeds, e.g. 0,1,2: every family trained once per seed into runs/<family>/seed-<s>, "
-                           "reported as mean ± SE with bootstrap intervals (default: one run, the config's seed)")
+                           "reported as mean ± SE with Welch intervals and a verdict per claim (default: one run, the config's seed)")
     add_list_argument(compare, "--also-profile", "B200-measured", default=None,
                       help="device profiles to re-cost the same runs under, e.g. B200-measured, or none "
                            "(default: B200-measured when the runs' profile is B200)")

@@ -1,27 +1,17 @@
-"""Statistics across run seeds for the equal-budget comparison: mean ± standard error curves,
-curves on a common GPU-hour grid, and a bootstrap over seeds for the speed-up to equal reward and
-for differences of final rewards.
+"""Curves across run seeds for the equal-budget comparison: mean ± standard error curves and
+curves on a common GPU-hour grid. Intervals and verdicts are solrl_core.intervals'.
 
 Pure functions on plain lists (a curve is ``[(GPU-hours, reward), ...]``, hours ascending, the first
 point the base model at 0), so every answer here can be checked on constructed curves.
-
-The bootstrap resamples *seeds*, with replacement, within each family independently (the families
-are independent experiments; nothing pairs seed 0 of one family with seed 0 of another), from one
-fixed generator, so a report is reproducible. The interval is the percentile interval of the
-statistic over the resamples.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 Curve = list[tuple[float, float]]
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 20260406
-CONFIDENCE = 0.95
 # Two grids are "the same" when every point agrees to this relative tolerance (float sums of the
 # same per-iteration costs can differ in the last bits between runs).
 GRID_TOLERANCE = 1e-9
@@ -99,72 +89,3 @@ def mean_curve(curves: Sequence[Curve]) -> dict:
     points = [mean_se([row[i] for row in values]) for i in range(len(grid))]
     return {"gpu_hours": grid, "mean": [m for m, _ in points], "se": [s for _, s in points],
             "seeds": len(curves), "interpolated": interpolated, "per_seed": values}
-
-
-def resample_indices(sizes: dict[str, int], resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> dict[str, list[list[int]]]:
-    """For each family, ``resamples`` draws of its seed indices with replacement, from a generator of
-    its own seeded by the bootstrap seed and the family's name: a pair's interval then depends only
-    on the two families' runs, not on which other families share the report or their order."""
-    return {name: _family_draws(n, resamples, random.Random(f"{seed}:{name}")) for name, n in sizes.items()}
-
-
-def _family_draws(n: int, resamples: int, generator: random.Random) -> list[list[int]]:
-    return [generator.choices(range(n), k=n) for _ in range(resamples)]
-
-
-def resampled_mean(values: Sequence[Sequence[float]], picks: Sequence[int]) -> list[float]:
-    """Point-wise mean over the picked seeds of per-seed values on one grid."""
-    return [math.fsum(values[i][point] for i in picks) / len(picks) for point in range(len(values[0]))]
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (linear between order statistics) of ascending values; ``-inf`` stands for
-    an undefined resample ranked below every defined one, and a quantile that touches one is None."""
-    position = q * (len(sorted_values) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    a, b = sorted_values[low], sorted_values[high]
-    if a == -math.inf or b == -math.inf:
-        return None
-    return a + (b - a) * (position - low)
-
-
-def interval(values: Sequence[float | None], confidence: float = CONFIDENCE) -> list[float | None] | None:
-    """Percentile interval of the defined-or-undefined (None) resampled values, None ranked lowest."""
-    if not values:
-        return None
-    ranked = sorted(-math.inf if value is None else value for value in values)
-    tail = (1 - confidence) / 2
-    return [percentile(ranked, tail), percentile(ranked, 1 - tail)]
-
-
-def bootstrap(statistic: Callable[[dict[str, list[int]]], float | None], draws: dict[str, list[list[int]]],
-              confidence: float = CONFIDENCE) -> dict:
-    """A statistic of the resampled seeds (one list of picked indices per family) over every resample.
-
-    Undefined resamples (None) are counted and ranked below every defined value, so an interval whose
-    lower end falls among them has no lower end (None); ``ci_defined_only`` leaves them out.
-    """
-    resamples = len(next(iter(draws.values())))
-    values = [statistic({name: picks[r] for name, picks in draws.items()}) for r in range(resamples)]
-    defined = [value for value in values if value is not None]
-    return {"ci": interval(values, confidence), "ci_defined_only": interval(defined, confidence),
-            "resamples": resamples, "undefined": resamples - len(defined),
-            "undefined_share": (resamples - len(defined)) / resamples}
-
-
-def bootstrap_difference(finals: dict[str, Sequence[float]], a: str, b: str, draws: dict[str, list[list[int]]],
-                         confidence: float = CONFIDENCE) -> dict:
-    """Mean final reward of ``a`` minus that of ``b``: the difference, its SE (independent families),
-    and its bootstrap interval over seeds."""
-    mean_a, se_a = mean_se(finals[a])
-    mean_b, se_b = mean_se(finals[b])
-    se = math.hypot(se_a, se_b) if se_a is not None and se_b is not None else None
-
-    def difference(picks: dict[str, list[int]]) -> float:
-        return (math.fsum(finals[a][i] for i in picks[a]) / len(picks[a])
-                - math.fsum(finals[b][i] for i in picks[b]) / len(picks[b]))
-
-    result = bootstrap(difference, {a: draws[a], b: draws[b]}, confidence)
-    return {"mean": mean_a - mean_b, "se": se, "ci": result["ci"], "resamples": result["resamples"],
-            "seeds": {a: len(finals[a]), b: len(finals[b])}}

@@ -1,7 +1,7 @@
 """Seeds and noise: every initial noise is a pure function of (seed, shape, dtype).
 
-Seeds are derived from (run seed, purpose, iteration, global sample index) by a stable hash, so
-the noise of a sample never depends on batch size, chunking, order, device or rank.
+Seeds are derived from (run seed, purpose, iteration, indices) by a stable hash, so the noise of a
+sample never depends on batch size, chunking, order, device or rank.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ def derive_seed(run_seed: int, purpose: str, *indices: int) -> int:
 
 
 def draw_seeds(run_seed: int, iteration: int, prompt_slot: int, pool: int) -> list[int]:
-    """The N exploration seeds of one prompt group, keyed by the group's global sample indices."""
-    return [derive_seed(run_seed, "explore", iteration, prompt_slot * pool + i) for i in range(pool)]
+    """The N exploration seeds of one prompt group, keyed by (prompt slot, index within the pool):
+    a smaller pool is a prefix of a larger one, so families of one run seed with pools of 12 and 48
+    explore the same first 12 noises of every prompt, and their runs pair by seed."""
+    return [derive_seed(run_seed, "explore", iteration, prompt_slot, i) for i in range(pool)]
 
 
 def noise_from_seed(seed: int, shape: Sequence[int], dtype: torch.dtype = torch.float32,

@@ -9,7 +9,8 @@ import pytest
 
 from solrl_core.ablations import ABLATIONS, ablation_overrides, main as ablations_main
 from flows.cli import main
-from solrl_core.compare import first_crossing, markdown_table, plot_curves, size_to_budget, speedup_to_equal_reward
+from solrl_core.compare import (first_crossing, markdown_table, plot_curves, restate_report, size_to_budget,
+                                speedup_to_equal_reward)
 from solrl_core.config import parse_override
 from solrl_core.presets import resolve_config
 
@@ -65,26 +66,29 @@ def test_budget_sizing_takes_whole_iterations_and_spreads_evaluations():
 
 
 def synthetic_report() -> dict:
+    """A two-family, one-seed compare.json, its statistics filled by the restating path (the one
+    a committed report goes through)."""
     def family(curve, iterations):
+        points = [{"iteration": round(h * iterations / curve[-1][0]) - 1, "modeled_gpu_hours": h, "reward": r,
+                   "rewards": {"shapes-compliance": r, "shapes-aesthetic": 0.5}} for h, r in curve]
         return {"family": "x", "iterations": iterations, "modeled_gpu_hours_per_iteration": 1.0,
                 "modeled_gpu_hours_used": curve[-1][0], "cpu_seconds": 10.0,
                 "final_rewards": {"shapes-compliance": curve[-1][1], "shapes-aesthetic": 0.5},
                 "final_reward": curve[-1][1], "base_rewards": {"shapes-compliance": 0.1, "shapes-aesthetic": 0.5},
-                "curve": [{"modeled_gpu_hours": h, "reward": r, "rewards": {"shapes-compliance": r,
-                                                                            "shapes-aesthetic": 0.5}}
-                          for h, r in curve]}
+                "curve": points, "seeds": [0], "runs": [{"seed": 0, "curve": points}]}
 
     candidate = [(h / 4, r) for h, r in LINEAR]
     report = {"preset": "shapes-tiny", "metric": "shapes-compliance", "budget_gpu_hours": 4.0,
-              "device_profile": "B200", "utilization": 0.4,
+              "device_profile": "B200", "utilization": 0.4, "seeds": [0],
               "families": {"diffusionnft": family(LINEAR, 4), "sol_rl": family(candidate, 16)}}
-    report["speedups"] = {"sol_rl": speedup_to_equal_reward(LINEAR, candidate)}
-    report["speedup_at_fraction_of_gain"] = {k: v["speedup"] for k, v in report["speedups"]["sol_rl"]["at"].items()}
-    return report
+    report["families"]["diffusionnft"]["family"] = "diffusionnft"
+    report["families"]["sol_rl"]["family"] = "sol_rl"
+    return restate_report(report)
 
 
 def test_markdown_table_and_plot(tmp_path):
     report = synthetic_report()
+    assert report["speedup_to_equal_reward"] == pytest.approx(4.0)  # a time-scaled curve: the scale
     table = markdown_table(report)
     assert "| sol_rl | 16 |" in table and "4.00x" in table and "| diffusionnft | 4 |" in table
     plot_curves(report, tmp_path / "compare.png")
@@ -143,9 +147,11 @@ def test_compare_cli_runs_every_family_through_one_loop(tmp_path):
         assert entry["modeled_gpu_hours_used"] <= budget
         assert entry["curve"][0]["modeled_gpu_hours"] == 0.0
         assert entry["base_rewards"] == report["families"]["sol_rl"]["base_rewards"]  # one base, one eval set
-    assert "speedup_to_equal_reward" in report and set(report["speedup_at_fraction_of_gain"]) == {
+    assert "speedup_to_equal_reward" in report and set(report["speedups"]["sol_rl"]["at"]) == {
         "0.25", "0.5", "0.75", "1"}
-    assert isinstance(report["naive_quant_below_sol_rl"], bool)
+    # One seed a family: every difference is stated, none is resolved (no interval from one seed).
+    difference = report["seed_statistics"]["final_differences"]["naive_quant - sol_rl"]
+    assert difference["ci"] is None and difference["verdict"] == "undefined"
     assert len(report["grid"]) == 2 and set(report["grid"][0]["rewards"]) == {
         "base", "diffusionnft", "naive_quant", "sol_rl"}
     for name in ("compare.png", "compare.md", "samples_grid.png", "README.md"):

@@ -1,5 +1,5 @@
 """The comparison across run seeds and cost profiles: mean ± SE, interpolation onto a common grid and
-the bootstrap over seeds on constructed curves whose answers are known, re-costing a run's recorded
+the speed-up from per-seed crossing times on constructed curves whose answers are known, re-costing a run's recorded
 FLOPs under another device profile, and one tiny `solrl compare --seeds 0,1` end to end."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from solrl_core import seed_stats
 from flows.cli import main
-from solrl_core.compare import CANDIDATE_NEVER_REACHED, bootstrap_speedup, speedup_text
+from solrl_core.compare_markdown import speedup_text
+from solrl_core.speedup import SEEDS_NEVER_REACHED, threshold_speedup
 from solrl_core.config import parse_override
 from solrl_core.presets import resolve_config
 from solrl_core.recost import recosted_hours
@@ -59,71 +60,33 @@ def test_families_share_a_grid_only_when_their_iteration_costs_match():
 
 
 # ---------------------------------------------------------------------------------------------
-# The bootstrap over seeds
+# The speed-up at a declared share of the baseline's gain, from each seed's curve
 
 
-def draws_for(**sizes: int) -> dict:
-    return seed_stats.resample_indices(sizes)
+def test_identical_seeds_give_the_exact_speedup_and_a_zero_width_interval():
+    result = threshold_speedup([LINEAR, LINEAR, LINEAR], [FAST, FAST, FAST], 0.5)
+    assert result["speedup"] == pytest.approx(4.0) and result["ci"] == pytest.approx([4.0, 4.0])
+    assert result["target_reward"] == pytest.approx(0.3) and result["never_reached"] == {"baseline": 0, "candidate": 0}
 
 
-def test_resampling_is_fixed_by_the_bootstrap_seed():
-    assert draws_for(a=3, b=4) == draws_for(a=3, b=4)
-    assert len(draws_for(a=3)["a"]) == seed_stats.BOOTSTRAP_RESAMPLES == 2000
-    assert seed_stats.resample_indices({"a": 3}, 10, seed=1) != seed_stats.resample_indices({"a": 3}, 10, seed=2)
+def test_a_seed_that_never_reaches_the_share_leaves_the_speedup_undefined():
+    result = threshold_speedup([LINEAR, LINEAR], [FAST, FLAT], 0.5)
+    assert result["speedup"] is None and result["ci"] is None and result["never_reached"]["candidate"] == 1
+    # compare.json keeps the reason in full; the tables' cell says it in a few words.
+    assert result["note"] == SEEDS_NEVER_REACHED and speedup_text(result).startswith("not reached by every seed")
 
 
-def test_a_familys_resamples_do_not_depend_on_the_other_families_in_the_report():
-    # Adding a variant to the study, or listing the families in another order, leaves every
-    # existing pair's bootstrap interval where it was.
-    alone = draws_for(a=3, b=4)
-    assert draws_for(c=5, b=4, a=3)["a"] == alone["a"] and draws_for(b=4, c=2, a=3)["b"] == alone["b"]
-    assert alone["a"] != draws_for(z=3)["z"]  # each family its own stream, even at equal seed counts
-
-
-def test_interval_of_a_difference_of_final_rewards():
-    # Mean of 3 draws from {1, 2, 3}: it is exactly 1 with probability 1/27 = 3.7% > 2.5%, and exactly
-    # 3 as often, so the percentile interval of the difference to a family at 0 is [1, 3].
-    result = seed_stats.bootstrap_difference({"a": [1.0, 2.0, 3.0], "b": [0.0, 0.0, 0.0]}, "a", "b",
-                                             draws_for(a=3, b=3))
-    assert result["mean"] == 2.0 and result["se"] == pytest.approx(1 / math.sqrt(3))
-    assert result["ci"] == pytest.approx([1.0, 3.0]) and result["resamples"] == 2000
-
-
-def test_undefined_resamples_rank_lowest():
-    assert seed_stats.interval([1.0, 2.0, 3.0, 4.0, 5.0], confidence=0.5) == pytest.approx([2.0, 4.0])
-    assert seed_stats.interval([None, None, None, 4.0, 5.0], confidence=0.5) == [None, pytest.approx(4.0)]
-
-
-def family(*curves) -> dict:
-    return seed_stats.mean_curve(list(curves))
-
-
-def test_bootstrap_speedup_of_identical_seeds_is_exact():
-    result = bootstrap_speedup(family(LINEAR, LINEAR, LINEAR), family(FAST, FAST, FAST), "base", "cand",
-                               draws_for(base=3, cand=3))
-    assert result["speedup"] == pytest.approx(4.0)
-    assert result["ci"] == pytest.approx([4.0, 4.0]) and result["undefined_share"] == 0.0
-
-
-def test_bootstrap_counts_resamples_where_the_candidate_never_reaches_the_target():
-    # Candidate seeds: one as FAST, one FLAT. A resample reaches the baseline's final reward (0.5)
-    # only if it picks FAST twice (probability 1/4); the mean of both tops out at 0.3.
-    result = bootstrap_speedup(family(LINEAR, LINEAR), family(FAST, FLAT), "base", "cand",
-                               draws_for(base=2, cand=2))
-    assert result["speedup"] is None and result["candidate_gpu_hours"] is None  # the mean curve never gets there
-    assert result["undefined_share"] == pytest.approx(0.75, abs=0.03)
-    undefined = round(result["resamples"] * result["undefined_share"])
-    assert result["undefined_reasons"] == {"candidate_never_reached": undefined}
-    assert result["ci"] == [None, pytest.approx(4.0)]  # the lower end falls among the undefined resamples
-    assert result["ci_defined_only"] == pytest.approx([4.0, 4.0])
-    # compare.json keeps the reason in full; the tables' cell says it in two words beside the interval.
-    assert result["note"] == CANDIDATE_NEVER_REACHED and speedup_text(result) == "not reached"
-    assert speedup_text(bootstrap_speedup(family(LINEAR), family(FAST), "base", "cand", None)) == "4.00x"
+def test_seed_spread_widens_the_interval_around_the_geometric_mean():
+    slower = [(hours / 2, reward) for hours, reward in LINEAR]
+    result = threshold_speedup([LINEAR, LINEAR], [FAST, slower], 0.5)
+    assert result["speedup"] == pytest.approx(math.sqrt(4.0 * 2.0))  # geometric mean of 4x and 2x
+    assert result["ci"][0] < result["speedup"] < result["ci"][1] and result["p"] is not None
 
 
 def test_one_seed_gives_a_point_and_no_interval():
-    result = bootstrap_speedup(family(LINEAR), family(FAST), "base", "cand", None)
-    assert result["speedup"] == pytest.approx(4.0) and result["ci"] is None and result["resamples"] == 0
+    result = threshold_speedup([LINEAR], [FAST], 0.5)
+    assert result["speedup"] == pytest.approx(4.0) and result["ci"] is None
+    assert speedup_text(result) == "4.00x"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,14 +190,27 @@ def test_compare_with_two_seeds_reports_means_intervals_and_both_cost_profiles(t
     assert explore[0] != explore[1]
 
     statistics = report["seed_statistics"]
-    assert statistics["bootstrap"]["resamples"] == 2000 and set(statistics["profiles"]) == {"B200", "B200-measured"}
+    assert set(statistics["profiles"]) == {"B200", "B200-measured"} and statistics["method"]["holm"]["primary"] >= 3
     for profile in ("B200", "B200-measured"):
         headline = report["speedup_by_profile"][profile]
-        assert 0.0 <= headline["undefined_share"] <= 1.0 and len(headline["ci"]) == 2
+        assert headline["speedup"] is None or headline["ci"] is None or len(headline["ci"]) == 2
     difference = report["naive_quant_minus_sol_rl"]
     assert difference["mean"] == pytest.approx(report["families"]["naive_quant"]["final_reward"]
                                                - report["families"]["sol_rl"]["final_reward"])
     assert difference["ci"][0] <= difference["mean"] <= difference["ci"][1]
+    assert difference["verdict"] in ("resolved", "not resolved") and "paired" in difference  # seeds 0, 1 both
+    # The evaluation set's SE is in the final's interval, scored per image for every compared pair.
+    assert difference["extra_se"] == pytest.approx(
+        report["final_reward_spread"]["paired_differences"]["naive_quant - sol_rl"]["se"])
+    # Restating the report from its own per-seed curves gives back its statistics.
+    from solrl_core.compare import restate_report
+
+    restated = restate_report(report)
+    for pair, entry in statistics["final_differences"].items():
+        again = restated["seed_statistics"]["final_differences"][pair]
+        assert again["ci"] == pytest.approx(entry["ci"]) and again["verdict"] == entry["verdict"]
+    for profile, entry in report["speedup_by_profile"].items():
+        assert restated["speedup_by_profile"][profile]["speedup"] == pytest.approx(entry["speedup"])
     # Re-costed: diffusionnft runs no FP4, so its hours are the same under both profiles; sol_rl's
     # explorer costs 0.46 of a BF16 step instead of its (smaller) FP4 peak share, so it used more.
     own, measured = statistics["profiles"]["B200"]["families"], statistics["profiles"]["B200-measured"]["families"]
@@ -248,7 +224,7 @@ def test_compare_with_two_seeds_reports_means_intervals_and_both_cost_profiles(t
     assert [again[i] for i in range(len(recorded))] == pytest.approx(recorded, rel=1e-9)
 
     table = (out / "compare.md").read_text()
-    assert "B200-measured (re-costed)" in table and "95% interval" in table and "naive_quant - sol_rl" in table
+    assert "B200-measured (re-costed)" in table and "95% interval" in table and "| naive_quant - sol_rl |" in table
     assert "re-costed" in (out / "README.md").read_text()
     # The finished seed runs compare again without training (the pipeline's way in), to the same numbers.
     again = compare_finished_runs(out / "runs", tmp_path / "again", budget)
@@ -301,14 +277,13 @@ def test_sol_rl_adaptive_is_reported_beside_sol_rl_with_its_interval(tmp_path):
     report = json.loads((out / "compare.json").read_text())
     by_family = report["speedups_by_family"]
     assert set(by_family) == {"sol_rl", "sol_rl_adaptive"} and by_family["sol_rl"] == report["speedup_by_profile"]
-    for profile, statistics in report["seed_statistics"]["profiles"].items():
-        entry, expected = by_family["sol_rl_adaptive"][profile], statistics["speedups"]["sol_rl_adaptive"]
-        assert (entry["speedup"], entry["ci"], entry["resamples"]) == (expected["speedup"], expected["ci"], 2000)
+    for profile in report["seed_statistics"]["profiles"]:
+        entry = by_family["sol_rl_adaptive"][profile]
+        assert entry == report["seed_statistics"]["speedups"][profile]["sol_rl_adaptive"]["threshold"]
     assert "sol_rl_adaptive - sol_rl" in report["seed_statistics"]["final_differences"]
-    headline = next(line for line in (out / "compare.md").read_text().splitlines()
-                    if line.startswith("- B200 (sized the budget):"))
-    assert "sol_rl " in headline and "sol_rl_adaptive " in headline
-    assert "| sol_rl_adaptive - sol_rl |" in (out / "compare.md").read_text()
+    table = (out / "compare.md").read_text()
+    assert "| B200 (sized the budget) | sol_rl |" in table and "| B200 (sized the budget) | sol_rl_adaptive |" in table
+    assert "| sol_rl_adaptive - sol_rl |" in table
     # From the finished runs (the DVC study's and the sweep's way in): the families in FAMILIES' order.
     again = compare_finished_runs(out / "runs", tmp_path / "again", budget)
     assert list(again["families"]) == ["diffusionnft", "sol_rl", "sol_rl_adaptive"]

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.final_differences import differences, family_finals, wide_finals  # noqa: E402
+from benchmarks.final_differences import differences, evaluation_errors, family_finals, wide_finals  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = json.loads((ROOT / "reports" / "compare.json").read_text())
@@ -26,10 +26,11 @@ def test_a_pair_split_across_two_reports_reads_as_in_the_joint_report():
     recorded = STUDY["seed_statistics"]["final_differences"]
     for pair in ("sol_rl - diffusionnft", "naive_quant - sol_rl"):
         a, b = pair.split(" - ")
-        families = family_finals([_split(STUDY, [a]), _split(STUDY, [b])])
-        result = differences(families, [(a, b)])[pair]
+        reports = [_split(STUDY, [a]), _split(STUDY, [b])]
+        result = differences(family_finals(reports), [(a, b)], evaluation_errors(reports))[pair]
         assert result["mean"] == pytest.approx(recorded[pair]["mean"], abs=1e-12)
         assert result["ci"] == pytest.approx(recorded[pair]["ci"], abs=1e-12)
+        assert result["paired"]["ci"] == pytest.approx(recorded[pair]["paired"]["ci"], abs=1e-12)
 
 
 def test_a_family_that_reads_differently_in_two_reports_stops():

@@ -74,11 +74,18 @@ def test_slot_seeds_do_not_depend_on_other_slots_or_how_many_there_are():
     assert draw_seeds(1, 4, 3, 8) == slot_3_alone
 
 
-def test_seeds_are_keyed_by_global_sample_index():
+def test_seeds_are_keyed_by_prompt_slot_and_index_within_the_pool():
     pool = 8
     for slot in range(3):
-        expected = [derive_seed(1, "explore", 4, slot * pool + i) for i in range(pool)]
+        expected = [derive_seed(1, "explore", 4, slot, i) for i in range(pool)]
         assert draw_seeds(1, 4, slot, pool) == expected
+
+
+def test_a_smaller_pool_explores_the_first_noises_of_a_larger_one():
+    # diffusionnft's pool of 12 and sol_rl's 48 at one run seed share their first 12 noises on
+    # every prompt slot: the families' runs of that seed are paired, not only their first prompt.
+    for slot in range(4):
+        assert draw_seeds(3, 5, slot, 48)[:12] == draw_seeds(3, 5, slot, 12)
 
 
 def test_seeds_differ_across_slots_iterations_and_run_seeds():
@@ -112,4 +119,4 @@ def test_derive_seed_values_are_pinned_so_recorded_ledgers_stay_reproducible():
     # Literal values: changing the hash silently changes every seed a recorded ledger refers to.
     assert derive_seed(0, "explore", 0, 0) == 1382754836329425358
     assert derive_seed(1234, "eval", 3, 17) == 684506708000923136
-    assert draw_seeds(7, 2, 1, 3) == [4471301502130713801, 3928428575967249829, 4425243823159357085]
+    assert draw_seeds(7, 2, 1, 3) == [1601308684805793155, 100214676710474410, 1280541531304618968]
