@@ -102,6 +102,12 @@ def _add_study_stages(study: argparse.ArgumentParser) -> None:
             stage.add_argument("--family", default=None, help="an entry of the params' families")
             stage.add_argument("--point", default=None, help="the ablation's point")
             stage.add_argument("--seed", type=int, required=True, help="one of the study's seeds")
+    power = stages.add_parser("power", help="before any run: what the planned study (its families and seeds) can "
+                                            "resolve, from a pilot comparison's seed spreads")
+    power.add_argument("--params", default="params.yaml", help="the planned study (default params.yaml)")
+    power.add_argument("--pilot", required=True, help="a finished comparison's compare.json with >= 2 seeds a family")
+    add_list_argument(power, "--differences", "0.01,0.02", default="0.01,0.02",
+                      help="differences of final reward to size the study for (default 0.01,0.02)")
 
 
 def _add_sweep(sweep: argparse.ArgumentParser) -> None:
@@ -384,6 +390,8 @@ def command_study(args: argparse.Namespace) -> int:
 
     one_value_each(args)
     study = load_study(Path(args.params))
+    if args.stage == "power":
+        return _study_power(study, args)
     try:
         if args.stage == "base":
             make_base(study, overwrite_packaged=args.overwrite_packaged)
@@ -398,6 +406,57 @@ def command_study(args: argparse.Namespace) -> int:
         print(f"wrote {run_one(study, root, args.seed, args.family, args.ablation, args.point)}")
     except (FileExistsError, FileNotFoundError, ModelFilesMissing) as error:
         raise ConfigError(str(error.args[0] if error.args else error)) from None
+    return 0
+
+
+# A comparison report holds every seed's curve and the statistics: megabytes at most.
+PILOT_BYTES = 256 * 1024 * 1024
+
+
+def _study_power(study, args: argparse.Namespace) -> int:
+    """``solrl study power``: the planned study's pairs (as its comparison will print them) against
+    a pilot's spreads; one table, nothing written."""
+    from solrl_core.compare import BASELINE, statistic_pairs  # deferred: torch at import time
+    from solrl_core.compare_stats import planned_power
+    from solrl_core.safe_input import read_text
+    from solrl_core.study import family_of
+
+    differences = []
+    for text in args.differences.split(","):
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--differences: {shown(text, 20)} is not a positive number; give e.g. 0.01,0.02")
+        differences.append(value)
+    try:
+        pilot = json.loads(read_text(Path(args.pilot), f"--pilot {args.pilot}", limit=PILOT_BYTES))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--pilot {args.pilot}: not JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(pilot, dict) or not isinstance(pilot.get("families"), dict) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("runs"), list) for entry in pilot["families"].values()):
+        raise ConfigError(f"--pilot {args.pilot} is not a comparison report (compare.json with families.*.runs)")
+    families = {name: family_of(study, name) for name in study.families}
+    pairs = statistic_pairs(families)
+    comparisons = len(pairs) + sum(name != BASELINE for name in families) * (BASELINE in families)
+    result = planned_power(pilot, pairs, len(study.seeds), max(1, comparisons), differences)
+    if not result["pairs"]:
+        raise ConfigError(f"--pilot {args.pilot} has no pair of the planned study with >= 2 seeds on both sides")
+    heads = [f"seeds for {d:g}" for d in differences]
+    print(f"{args.params}: {len(study.seeds)} seeds a family, {result['comparisons']} primary claims (Holm); "
+          f"spreads from {args.pilot}; 80% power, two-sided 5%")
+    print("| pair | pilot seed SD | smallest resolvable | corrected | " + " | ".join(heads) + " | "
+          + " | ".join(f"{h} (corrected)" for h in heads) + " |")
+    print("|---|---|---|---|" + "---|" * (2 * len(heads)))
+    for pair, row in result["pairs"].items():
+        cells = [row["seeds_needed"][f"{d:g}"] for d in differences] + \
+                [row["seeds_needed_corrected"][f"{d:g}"] for d in differences]
+        print(f"| {pair} | {row['sd']:.4f} | {row['smallest_resolvable']:.4f} | "
+              f"{row['smallest_resolvable_corrected']:.4f} | " + " | ".join("> 10000" if c is None else str(c)
+                                                                           for c in cells) + " |")
+    if result["not_in_pilot"]:
+        print("not in the pilot (or one seed): " + ", ".join(result["not_in_pilot"]))
     return 0
 
 

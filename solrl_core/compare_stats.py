@@ -178,3 +178,26 @@ def profile_statistics(curves: dict[str, list[Curve]]) -> dict:
                 for name, mean in means.items()}
     return {"families": families, "common_grid": {"gpu_hours": grid, "interpolated": interpolated,
                                                   "families": common}}
+
+
+def planned_power(pilot: dict, pairs: Sequence[tuple[str, str]], seeds: int, comparisons: int,
+                  differences: Sequence[float] = POWER_DIFFERENCES) -> dict:
+    """The power of a planned study from a pilot comparison's seed spreads (its compare.json):
+    for each planned pair the pilot has both sides of, the pooled SD of their final rewards, the
+    smallest difference ``seeds`` seeds a family resolve at 80% power, and the seeds needed for
+    each of ``differences``, alone and under a Bonferroni bound over ``comparisons`` claims."""
+    finals = {name: [run["final_reward"] for run in entry["runs"]] for name, entry in pilot["families"].items()}
+    rows, missing = {}, []
+    for a, b in pairs:
+        if a not in finals or b not in finals or min(len(finals[a]), len(finals[b])) < 2:
+            missing.append(f"{a} - {b}")
+            continue
+        sd = intervals.pooled_sd(finals[a], finals[b])
+        rows[f"{a} - {b}"] = {
+            "sd": sd, "pilot_seeds": [len(finals[a]), len(finals[b])],
+            "smallest_resolvable": intervals.smallest_resolvable(sd, seeds),
+            "smallest_resolvable_corrected": intervals.smallest_resolvable(sd, seeds, intervals.ALPHA / comparisons),
+            "seeds_needed": {f"{d:g}": intervals.seeds_needed(d, sd) for d in differences},
+            "seeds_needed_corrected": {f"{d:g}": intervals.seeds_needed(d, sd, intervals.ALPHA / comparisons)
+                                       for d in differences}}
+    return {"seeds": seeds, "comparisons": comparisons, "pairs": rows, "not_in_pilot": missing}
