@@ -32,28 +32,22 @@ from solrl_core.quant.nvfp4 import (  # noqa: E402
     _split_into_blocks,
     _unblock,
     fake_quantize_nvfp4,
-    nvfp4_tensor_scale,
     round_to_e2m1,
+    tensor_scales,
 )
-
-E4M3_MAX, E2M1_MAX = 448.0, 6.0
 
 
 def fake_quantize_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     """NVFP4's recipe (SPEC §3) with ``block`` values per scale instead of 16, for the block-size
-    ablation only; block 16 is checked against the project's own quantizer in main()."""
+    ablation only, from nvfp4.py's own steps; block 16 is checked against its quantizer in main()."""
     shape = x.shape
     flat = x.float().reshape(-1, shape[-1])
     pad = (-shape[-1]) % block
     blocks = F.pad(flat, (0, pad)).reshape(flat.shape[0], -1, block)
-    tensor_scale = flat.abs().amax() / (E4M3_MAX * E2M1_MAX)
-    safe_tensor = torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
-    block_scale = (blocks.abs().amax(-1) / E2M1_MAX / safe_tensor).clamp(max=E4M3_MAX)
-    block_scale = block_scale.to(torch.float8_e4m3fn).float()
-    combined = (block_scale * safe_tensor).unsqueeze(-1)
-    scaled = torch.where(combined > 0, blocks / torch.where(combined > 0, combined, 1.0), 0.0)
-    # (code x block scale) is exact; one rounding when the tensor scale is applied, as nvfp4.py does.
-    values = round_to_e2m1(scaled) * block_scale.unsqueeze(-1) * safe_tensor
+    scales = tensor_scales(flat.abs().amax())
+    block_scales = _block_scales_e4m3(blocks, scales)
+    values = _apply_scales(round_to_e2m1(_scale_into_e2m1_range(blocks, block_scales, scales)), block_scales,
+                           scales.tensor_scale)
     return values.reshape(flat.shape[0], -1)[:, : shape[-1]].reshape(shape).to(x.dtype)
 
 
@@ -68,12 +62,13 @@ def fake_quantize_searched(x: torch.Tensor, clips: tuple[float, ...] = SEARCHED_
     once per requantization, so the search costs nothing per step. Activations cannot be searched
     this way (their rounding happens inside every forward). Built from nvfp4.py's own steps: a
     block scaled by ``clip`` has exactly ``clip`` x its amax, so clip 1.0 is fake_quantize_nvfp4."""
-    blocks, tensor_scale = _split_into_blocks(x), nvfp4_tensor_scale(x)
+    blocks = _split_into_blocks(x)
+    scales = tensor_scales(blocks.abs().amax())
 
     def rounded(clip: float) -> torch.Tensor:
-        block_scales = _block_scales_e4m3(blocks * clip, tensor_scale)  # clip < 1 saturates the largest at +-6
-        return _apply_scales(round_to_e2m1(_scale_into_e2m1_range(blocks, block_scales, tensor_scale)),
-                             block_scales, tensor_scale)
+        block_scales = _block_scales_e4m3(blocks * clip, scales)  # clip < 1 saturates the largest at +-6
+        return _apply_scales(round_to_e2m1(_scale_into_e2m1_range(blocks, block_scales, scales)),
+                             block_scales, scales.tensor_scale)
 
     candidates = torch.stack([rounded(clip) for clip in clips])
     errors = (candidates - blocks).square().sum(-1)  # [clips, ..., n_blocks]

@@ -2,12 +2,8 @@
 
 import logging
 
-import torch
-
-# Tiny activations underflow to fp32 subnormals in the small transformers of the embedded world;
-# x86 CPUs handle subnormals in microcode, which made a training step 25x slower here (measured
-# 5.2 s vs 0.22 s). Flushing them to zero is deterministic and changes no value above 1e-38.
-torch.set_flush_denormal(True)
+# Flush-to-zero, which the project's own processes want, is not set here but where they start
+# (solrl_core.numerics.flush_denormals): importing the library leaves torch's numerics as they were.
 
 # torchao (pulled in by peft) registers enums with torch's pytree, and torch 2.14 logs a
 # deprecation warning for each on stderr, in every command: noise before a one-line error.

@@ -47,6 +47,7 @@ from solrl_core.launch import add_arguments as add_scale_out_arguments
 from solrl_core.output_folder import new_output_directory, writable_or_raise
 from solrl_core.models.loading import ModelFilesMissing  # model and reward-model files alike
 from solrl_core.models.registry import check_model_files, resolve_device
+from solrl_core.numerics import flush_denormals
 from solrl_core.preflight import preflight, problems, report
 from solrl_core.presets import FAMILIES, PRESETS, resolve_config
 from solrl_core.quant.backends import BackendUnavailable, check_runs_here
@@ -476,6 +477,7 @@ def main(argv: list[str] | None = None, runners: FlowRunners | None = None) -> i
     """The `solrl` command; ``runners`` (flows/cli.py's) let `run` start the Prefect flow."""
     for key, value in {**QUIET_ENVIRONMENT, **BOUNDED_RETRIES}.items():
         os.environ.setdefault(key, value)
+    flush_denormals()  # before any work: every command's threads (a run's, a torchrun rank's) inherit it
     with interrupts.stopping_on_signals():  # SIGTERM unwinds as Ctrl-C does
         return _command(argv, runners)
 

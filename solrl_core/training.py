@@ -24,6 +24,7 @@ from solrl_core.config import Config, to_dict
 from solrl_core.ledger import LEDGER_FILE, LORA_FILE, METRICS_FILE, SUMMARY_FILE
 from solrl_core.ledger import append_jsonl, append_ledger, atomic_write, ledger_frame, write_json
 from solrl_core.models.adapters import EMA, adapter_state
+from solrl_core.numerics import flush_denormals
 from solrl_core.quant.backends import spec as backend_spec
 from solrl_core.rewards.registry import finite_mean
 
@@ -155,6 +156,7 @@ def run_training(config: Config, out_dir: Path, log: Callable[[str], None] = pri
     Rank 0 holds the folder's lock (solrl_core.run_lock) throughout, whoever started the loop (the
     CLI, which took it already, or a deployment's flow run): one writer per run folder.
     """
+    flush_denormals()  # a deployment's flow run starts here, not in the `solrl` command
     if not current_world().is_main:
         return _run_training(config, out_dir, log, runner, observers, resume)
     with run_lock.held(out_dir):

@@ -1,5 +1,7 @@
 """Session defaults for the tests: runs the tests start log to a throwaway MLflow store (never the
-project's mlflow.db), and nothing phones home. Set before any test imports Prefect or MLflow."""
+project's mlflow.db), and nothing phones home. Set before any test imports Prefect or MLflow. The
+tests run with the numerics of a run (flush-to-zero, solrl_core.numerics), which importing
+solrl_core no longer sets."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import tempfile
 import pytest
 
 from solrl_core.cli import QUIET_ENVIRONMENT
+from solrl_core.numerics import flush_denormals
 
 for _key, _value in QUIET_ENVIRONMENT.items():
     os.environ.setdefault(_key, _value)
+flush_denormals()  # before any test starts torch's threads, which inherit it
 
 _STORE = tempfile.mkdtemp(prefix="solrl-test-mlflow-")
 atexit.register(shutil.rmtree, _STORE, ignore_errors=True)

@@ -2,6 +2,8 @@
 sample of the activation; and its GPU path (torch._scaled_mm, the compiled quantizer) run on the
 CPU against the CPU emulation."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,48 @@ def test_zero_tensor_gives_zeros_without_nan():
     zeros = torch.zeros(4, 16)
     assert fp8_scale(zeros).item() == 1.0
     assert torch.equal(fake_quantize_fp8(zeros), zeros)
+
+
+@contextmanager
+def flush_to_zero(on: bool):
+    """torch's flush-denormal flag set for the block, restored after (it has no getter: a product
+    in fp32's subnormal range shows it)."""
+    was_on = (torch.tensor([2e-38]) * 0.5).item() == 0.0
+    torch.set_flush_denormal(on)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(was_on)
+
+
+TINY = [1e-36, 0.0, -2e-36, 5e-37]  # amax / 448 is an fp32 subnormal: 0 under flush-to-zero
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flush-to-zero", "subnormals-kept"])
+def test_a_tiny_input_never_becomes_nan(flush):
+    """Reproduced once: with flush-to-zero on, amax 2e-36 > 0 but amax / 448 == 0, and the exact
+    zero became 0 / 0 = NaN ([0, nan, -0, 0]). The guard is on the scale now: a scale that is not
+    positive and finite is 1, and the group quantizes to (signed) zeros."""
+    x = torch.tensor([TINY])
+    with flush_to_zero(flush):
+        per_sample = dequantize_fp8(*quantize_activation(x.reshape(1, 1, 4)))  # the explorer's activation path
+        for values in (fake_quantize_fp8(x), fake_quantize_fp8(x, rowwise=True), per_sample):
+            assert not values.isnan().any(), values
+            assert values[0, 1].item() == 0.0
+            if flush:
+                assert values.tolist() == [[0.0, 0.0, -0.0, 0.0]] and torch.signbit(values[0, 2])
+        assert (fp8_scale(x) == 1.0).item() is flush  # the subnormal scale, where subnormals are kept
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flush-to-zero", "subnormals-kept"])
+def test_a_tiny_sample_beside_ordinary_ones_keeps_its_zeros_on_the_per_sample_path(flush):
+    x = torch.stack([gaussian(4, 16), torch.tensor(TINY * 16).reshape(4, 16), gaussian(4, 16, seed=1)])
+    with flush_to_zero(flush):
+        data, scale = quantize_activation(x)
+        values = dequantize_fp8(data, scale).reshape(x.shape)
+    assert not values.isnan().any() and scale.shape == (3, 1)
+    assert (values[1][x[1] == 0] == 0).all()
+    assert torch.equal(values[[0, 2]], torch.stack([fake_quantize_fp8(x[0]), fake_quantize_fp8(x[2])]))
 
 
 def test_dequantization_is_each_code_times_the_scale_for_every_e4m3_value():

@@ -143,8 +143,9 @@ def string_text(value: str) -> str:
 ANY_TEXT = st.text(max_size=40)
 UNICODE_WORDS = st.sampled_from(["é", "日本語", "ß", "\u2028", "\u0085", "\x00", "\t", "\n", "🙂", "\ufeff", " "])
 PATHISH = st.text(st.characters(categories=["L", "N"], include_characters="/._-~:+@,=#%&*!|>?[]{} "), max_size=30)
-# allow_subnormal=False: solrl_core/__init__.py flushes denormals to zero (torch.set_flush_denormal),
-# so subnormal floats cannot be represented in this process (hypothesis refuses to generate them).
+# allow_subnormal=False: the tests run with denormals flushed to zero, as runs do (tests/conftest.py
+# calls solrl_core.numerics.flush_denormals; the `solrl` command calls it too), so subnormal floats
+# cannot be represented in this process (hypothesis refuses to generate them).
 FINITE = st.floats(allow_nan=False, allow_infinity=False, allow_subnormal=False)
 NON_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
 HUGE_INTS = st.one_of(st.integers(min_value=MAX_COUNT + 1, max_value=2**4000),

@@ -57,8 +57,12 @@ class FP8Tensor(NamedTuple):
 
 def fp8_scale(x: torch.Tensor, rowwise: bool = False, samples: int | None = None) -> torch.Tensor:
     """FP32 amax(|x|) / 448: per last-dim row when ``rowwise``, per sample ([samples, 1], x's rows
-    split into ``samples`` equal runs) when ``samples``, else one; 1.0 where the amax is 0, so
-    nothing divides by zero."""
+    split into ``samples`` equal runs) when ``samples``, else one; 1.0 where that is not a positive
+    finite number, so nothing divides by zero.
+
+    The guard is on the scale, not the amax: an amax below ~5e-36 is positive, but amax / 448 is
+    then an fp32 subnormal, which flush-to-zero makes 0, and the group's zeros would become
+    0 / 0 = NaN. With scale 1.0 such a group quantizes to zeros, as it should."""
     magnitude = x.detach().abs()
     if rowwise:
         amax = magnitude.amax(dim=-1, keepdim=True)
@@ -66,8 +70,8 @@ def fp8_scale(x: torch.Tensor, rowwise: bool = False, samples: int | None = None
         amax = magnitude.reshape(samples, -1).amax(dim=1, keepdim=True)
     else:
         amax = magnitude.amax()
-    amax = amax.float()
-    return torch.where(amax > 0, amax / E4M3_MAX, 1.0)
+    scale = amax.float() / E4M3_MAX
+    return torch.where((scale > 0) & torch.isfinite(scale), scale, 1.0)
 
 
 def _by_group(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

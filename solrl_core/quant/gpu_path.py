@@ -23,11 +23,13 @@ import torch
 _CPU_TAKES_GPU_PATH = False
 
 # Inductor's Triton code divides fp32 by fp32 with div.full (an approximate division, off by up to
-# 2 ulp) unless asked for IEEE division; eager divides exactly. A quotient off by an ulp moves a
-# value that sits on an E2M1 or E4M3 rounding tie (common with bf16 inputs: ~2e-4 of NVFP4 codes
-# and ~6e-4 of FP8 codes of Gaussian bf16 activations when emulated with a reciprocal multiply), so
-# the compiled quantizers divide as eager does. On the CPU inductor divides exactly anyway; an
-# unknown option name raises in torch.compile, so the CPU tests also keep this name honest.
+# 2 ulp) unless asked for IEEE division; eager divides exactly. The quantizers divide (FP8's
+# x / scale; NVFP4's S_enc = 2688 / amax and the recipe's two reciprocals, which inductor lowers to
+# divisions too), and a quotient off by an ulp moves a value that sits on an E2M1 or E4M3 rounding
+# tie (common with bf16 inputs: ~2e-4 of NVFP4 codes and ~6e-4 of FP8 codes of Gaussian bf16
+# activations when emulated with an approximate reciprocal), so the compiled quantizers divide as
+# eager does. On the CPU inductor divides exactly anyway; an unknown option name raises in
+# torch.compile, so the CPU tests also keep this name honest.
 QUANTIZER_COMPILE_OPTIONS = {"eager_numerics.division_rounding": True}
 
 

@@ -10,6 +10,16 @@ An NVFP4 tensor is three things:
 
 Decoded value = code_value * block_scale * tensor_scale.
 
+Quantization follows NVIDIA's published NVFP4 recipe (Transformer Engine's reference quantizer)
+operation for operation in fp32, because the emulated explorer is meant to compute what an NVFP4
+explorer computes, and the order of the roundings decides codes at E2M1 ties and block scales at
+E4M3 midpoints (tests/test_nvfp4_recipe.py holds it to a step-by-step reference):
+    S_enc = 2688 / amax                       (at most FLT_MAX)
+    s_b   = e4m3_rn(min(amax_b * fl(S_enc * fl(1/6)), 448))
+    code  = e2m1_rn(x * min(1 / fl(s_b * fl(1 / S_enc)), FLT_MAX)), saturating at ±6
+where fl is one fp32 rounding. The tensor scale a decoder multiplies by stays amax / 2688 (the
+recipe's GEMM scales its output by amax_x amax_w / 2688², and torchao stores this scale).
+
 Choices this module makes where the spec leaves room:
 - A last dimension that is not a multiple of 16 is zero-padded to one. Zeros never raise a
   block's amax, so this is the same as letting the last block of each row be shorter; the
@@ -17,12 +27,23 @@ Choices this module makes where the spec leaves room:
   emulated explorer should not fail on an odd-sized layer.)
 - A negative input that rounds to zero keeps its sign (code 0b1000, i.e. -0.0), as an IEEE
   cast would; it decodes to -0.0 == 0.
-- Inputs must be finite: NaN/inf have no E2M1 encoding and are not handled.
+- Inputs must be finite: NaN/inf have no E2M1 encoding and are not handled. A finite input gives
+  no NaN: the FLT_MAX caps keep every scale finite, so 0 * inf cannot occur (x * e_b may overflow
+  to ±inf, which saturates to ±6 like any value above 6).
+
+What the recipe does at its edges, kept as it is:
+- A block that is tiny next to the tensor amax gets a subnormal E4M3 scale (2^-9 .. 7 * 2^-9) or
+  0 (torchao instead floors block scales at 2^-6). A block of scale 0 decodes to zeros of its
+  values' signs; its codes are what x * FLT_MAX saturates to (mostly ±6).
+- A tensor with amax below 2688 / FLT_MAX (about 7.9e-36) has S_enc capped at FLT_MAX, so its
+  codes are coarse (and, through the subnormal fl(1 / S_enc), depend on flush-to-zero); an
+  activation that small is nothing a model produces.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -110,11 +131,34 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 
 # --- scales ----------------------------------------------------------------------------------
 
+_ENCODE_RANGE = E4M3_MAX * E2M1_MAX  # 2688, exact in fp32
+_FP32_MAX = torch.finfo(torch.float32).max
+# fl(1/6) as the recipe rounds it in fp32 (a Python float holding that fp32 value exactly, so no
+# kernel rounds it again).
+_ONE_SIXTH = float(torch.tensor(1.0) / E2M1_MAX)
+
+
+class TensorScales(NamedTuple):
+    """The recipe's per-tensor numbers (per sample: each [samples, 1, ..., 1]), from one amax."""
+
+    block_multiplier: torch.Tensor  # fl(S_enc * fl(1/6)): block amax -> its E4M3 scale before rounding
+    global_decode: torch.Tensor  # fl(1 / S_enc): the tensor's share of each block's encode scale
+    tensor_scale: torch.Tensor  # amax / 2688: what a decoder multiplies by
+
 
 def nvfp4_tensor_scale(x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
     """FP32 per-tensor scale amax(|x|) / (448 * 6): the largest block then gets block scale 448;
     ``per_sample``: one per index of x's first dim, shaped [samples, 1, ..., 1]."""
-    return _amax(x.detach().abs(), per_sample).float() / (E4M3_MAX * E2M1_MAX)
+    return _amax(x.detach().abs(), per_sample).float() / _ENCODE_RANGE
+
+
+def tensor_scales(amax: torch.Tensor) -> TensorScales:
+    """The recipe's per-tensor numbers from the amax (any shape). S_enc = 2688 / amax is capped at
+    FLT_MAX (amax 0 or below ~7.9e-36), as the recipe caps it, so fl(1 / S_enc) is finite."""
+    amax = amax.float()
+    # A true division: torch computes `number / tensor` as reciprocal(tensor) * number, two roundings.
+    encode = torch.full_like(amax, _ENCODE_RANGE).div_(amax).clamp_(max=_FP32_MAX)
+    return TensorScales(encode * _ONE_SIXTH, torch.reciprocal(encode), amax / _ENCODE_RANGE)
 
 
 def _amax(magnitude: torch.Tensor, per_sample: bool) -> torch.Tensor:
@@ -139,46 +183,42 @@ def _split_into_blocks(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, BLOCK_SIZE)
 
 
-def _block_scales_e4m3(blocks: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
-    """Per-block E4M3 scales amax_block / 6 / tensor_scale, clamped to 448 before the cast.
-
-    The clamp matters: amax_block / 6 / tensor_scale can land a rounding error above 448, and
-    E4M3 has no infinity. torch's cast rounds to nearest even and keeps subnormals, so a block
-    that is tiny next to the tensor amax may get scale 0 (it then decodes to zeros).
-    An all-zero tensor has tensor_scale 0; dividing by 1 instead keeps every scale 0, not NaN.
-    """
-    return _block_scales_from_amax(blocks.abs().amax(dim=-1), tensor_scale)
+def _block_scales_e4m3(blocks: torch.Tensor, scales: TensorScales) -> torch.Tensor:
+    """Per-block E4M3 scales of [..., n_blocks, block] values (any block length)."""
+    return _block_scales_from_amax(blocks.abs().amax(dim=-1), scales)
 
 
-def _block_scales_from_amax(block_amax: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
-    safe_tensor_scale = torch.where(tensor_scale > 0, tensor_scale, 1.0)
-    unclamped = block_amax / E2M1_MAX / safe_tensor_scale
-    return unclamped.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+def _block_scales_from_amax(block_amax: torch.Tensor, scales: TensorScales) -> torch.Tensor:
+    """e4m3_rn(min(amax_b * fl(S_enc * fl(1/6)), 448)). The clamp matters: the product can land a
+    rounding error above 448, and E4M3 has no infinity. torch's cast rounds to nearest even and
+    keeps subnormals, so a block that is tiny next to the tensor amax may get scale 0."""
+    return (block_amax * scales.block_multiplier).clamp_(max=E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def _scale_into_e2m1_range(
-    blocks: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor
-) -> torch.Tensor:
-    """blocks / (s_block * s_tensor), with blocks whose combined scale is 0 mapped to 0."""
-    combined_scale = (block_scales.float() * tensor_scale).unsqueeze(-1)
-    nonzero = combined_scale > 0
-    safe_scale = torch.where(nonzero, combined_scale, 1.0)
-    return torch.where(nonzero, blocks / safe_scale, 0.0)
+def _encode_scales(block_scales: torch.Tensor, scales: TensorScales) -> torch.Tensor:
+    """Per block, what its values are multiplied by: min(1 / fl(s_b * fl(1 / S_enc)), FLT_MAX).
+    A block of scale 0 gets FLT_MAX, so its zeros stay zeros (0 * inf would be NaN)."""
+    return torch.reciprocal(block_scales.float() * scales.global_decode).clamp_(max=_FP32_MAX)
 
 
-def _scales_of_magnitudes(magnitude: torch.Tensor, per_sample: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E4M3 block scales, FP32 tensor scale) from |blocks|; the tensor amax is the largest block
-    amax (padding zeros raise neither), so |x| is read once for both."""
+def _scale_into_e2m1_range(blocks: torch.Tensor, block_scales: torch.Tensor, scales: TensorScales) -> torch.Tensor:
+    """blocks times their encode scale: the values E2M1 rounding takes (it saturates them at ±6)."""
+    return blocks * _encode_scales(block_scales, scales).unsqueeze(-1)
+
+
+def _scales_of_magnitudes(magnitude: torch.Tensor, per_sample: bool = False):
+    """(E4M3 block scales, TensorScales) from |blocks|; the tensor amax is the largest block amax
+    (padding zeros raise neither), so |x| is read once for both."""
     block_amax = magnitude.amax(dim=-1)
-    tensor_scale = _amax(block_amax, per_sample) / (E4M3_MAX * E2M1_MAX)
-    return _block_scales_from_amax(block_amax, tensor_scale), tensor_scale
+    scales = tensor_scales(_amax(block_amax, per_sample))
+    return _block_scales_from_amax(block_amax, scales), scales
 
 
 def _scale_blocks(x: torch.Tensor, per_sample: bool = False):
     """The shared first half of quantization: (values in E2M1 range, block scales, tensor scale)."""
     blocks = _split_into_blocks(x)
-    block_scales, tensor_scale = _scales_of_magnitudes(blocks.detach().abs(), per_sample and x.dim() > 1)
-    return _scale_into_e2m1_range(blocks, block_scales, tensor_scale), block_scales, tensor_scale
+    block_scales, scales = _scales_of_magnitudes(blocks.detach().abs(), per_sample and x.dim() > 1)
+    return _scale_into_e2m1_range(blocks, block_scales, scales), block_scales, scales.tensor_scale
 
 
 def _apply_scales(
@@ -225,19 +265,13 @@ def fake_quantize_nvfp4(x: torch.Tensor, per_sample: bool = False) -> torch.Tens
 
     The same bits as the codes path (signed zeros included), in about half the passes over the
     tensor, because on a CPU these passes are most of the emulated explorer's cost: |x| is taken
-    once and rounded in place, the tensor amax is the largest block amax, and a block whose
-    combined scale is 0 is divided by inf and then zeroed (only when such a block exists) instead
-    of going through a full-size torch.where. The sign comes from x, which has the sign of x / s.
+    once and scaled and rounded in place, and the tensor amax is the largest block amax.
+    |x| * e = |x * e| exactly, and the sign comes from x, which has the sign of x * e (e > 0).
     """
     blocks = _split_into_blocks(x)
     magnitude = blocks.abs()
-    block_scales, tensor_scale = _scales_of_magnitudes(magnitude, per_sample and x.dim() > 1)
-    block_scales = block_scales.float()
-    combined_scale = block_scales * tensor_scale
-    zero_scale = combined_scale == 0
-    magnitude.div_(torch.where(zero_scale, torch.inf, combined_scale).unsqueeze(-1)).clamp_(max=E2M1_MAX)
+    block_scales, scales = _scales_of_magnitudes(magnitude, per_sample and x.dim() > 1)
+    magnitude.mul_(_encode_scales(block_scales, scales).unsqueeze(-1)).clamp_(max=E2M1_MAX)
     values = _round_e2m1_magnitude_(magnitude).copysign_(blocks)
-    values.mul_(block_scales.unsqueeze(-1)).mul_(_per_element(tensor_scale))
-    if bool(zero_scale.any()):
-        values.masked_fill_(zero_scale.unsqueeze(-1), 0.0)  # +0.0, as the codes path decodes them
+    values.mul_(block_scales.float().unsqueeze(-1)).mul_(_per_element(scales.tensor_scale))
     return _unblock(values, x.shape, x.dtype)

@@ -13,7 +13,8 @@ explorer runs no backward; turning them off keeps the recipe exactly the format 
 - The explorer enters the recipe's autocast once around all its forwards (``session``), not once
   per layer.
 - A layer whose sizes Transformer Engine's NVFP4 GEMM cannot take (not multiples of 32) runs the
-  exact emulation instead.
+  exact emulation instead, which rounds in the order of operations of TE's reference quantizer
+  (quant/nvfp4.py); its activation scale is per sample, TE's spans the GEMM's input (below).
 - TE's NVFP4 GEMM also needs the number of rows (batch x tokens) divisible by 16, which SANA's
   300-token caption stream misses at most batch sizes: the rows are zero-padded to a multiple of
   16 and the padding cut from the output. Zero rows add nothing to the per-tensor amax TE scales
