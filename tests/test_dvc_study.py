@@ -160,13 +160,11 @@ def test_a_family_variant_trains_as_its_family_with_its_own_keys_and_is_compared
     assert "sol_rl_fp8 - sol_rl" in report["final_reward_spread"]["paired_differences"]
     # The comparison's page and the report's README say where the variant stands against its family.
     assert "| sol_rl_fp8 - sol_rl |" in (root / "compare.md").read_text()
-    headline = next(line for line in (root / "compare.md").read_text().splitlines()
-                    if line.startswith("- B200 (sized the budget):"))
-    assert "sol_rl_fp8 " in headline
+    assert "| B200 (sized the budget) | sol_rl_fp8 |" in (root / "compare.md").read_text()
     from solrl_core.report_readme import write_readme
 
     page = write_readme(root).read_text()
-    assert "sol_rl_fp8, a variant of sol_rl (params.yaml)" in page and "sol_rl_fp8 − sol_rl" in page
+    assert f"sol_rl_fp8 - sol_rl {difference['mean']:+.4f}" in page and difference["verdict"] in page
 
 
 # ---------------------------------------------------------------------------------------------
