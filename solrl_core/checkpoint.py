@@ -20,6 +20,12 @@ final adapter file does of its tensors: a safetensors file checks only its heade
 flipped in the tensor data would otherwise be trained on (or sampled from) silently. Every reader
 verifies it (:func:`load_checkpoint`, :func:`load_verified`).
 
+The checkpoint also records which code made it (solrl_core.provenance): the package version and
+the numerics fingerprint. A resume under another fingerprint is refused in one line naming both
+(:func:`require_same_numerics`) unless the user accepts the change, which the checkpoint then
+records in its ``numerics_history`` (:func:`accept_numerics`): one ledger never mixes two numerics
+unknowingly.
+
 Everything else a run needs is a pure function of the config and these tensors: seeds, prompts,
 noises and training timesteps derive from hashed seeds, and the explorer is requantized from the
 "old" adapter on load.
@@ -44,6 +50,7 @@ from solrl_core.distributed import current as current_world, require_same_world
 from solrl_core.ledger import LEDGER_FILE, METRICS_FILE, RUN_OUTPUTS, atomic_write, metrics_lines
 from solrl_core.mappings import changed_settings
 from solrl_core.presets import validate
+from solrl_core.provenance import UNRECORDED, describe, numerics_fingerprint, package_version
 from solrl_core.run_lock import LOCK_FILE
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -103,6 +110,9 @@ def save_checkpoint(out_dir: Path, state, next_iteration: int, base_eval: dict[s
         "gpu_hours": {"modeled_cumulative": accountant.modeled_cumulative,
                       "measured_cumulative": accountant.measured_cumulative},
         "world_size": current_world().size,  # resume needs as many ranks (require_resumable_world)
+        # which code made it: a resume under other numerics is refused (require_same_numerics)
+        "solrl_version": package_version(), "numerics": numerics_fingerprint(state.config),
+        "numerics_history": _previous_metadata(out_dir).get("numerics_history", []),
         **_covered_outputs(out_dir),
     }
     path = out_dir / CHECKPOINT
@@ -158,10 +168,14 @@ def _covered_outputs(out_dir: Path) -> dict:
 
 
 def _previous_digests(out_dir: Path) -> list[str]:
+    return _previous_metadata(out_dir).get("digests", {}).get(LEDGER_FILE, [])
+
+
+def _previous_metadata(out_dir: Path) -> dict:
     try:
-        return read_metadata(out_dir).get("digests", {}).get(LEDGER_FILE, [])
+        return read_metadata(out_dir)
     except CheckpointError:  # none yet (the base evaluation's checkpoint)
-        return []
+        return {}
 
 
 def iteration_digests(ledger: pl.DataFrame, first: int = 0) -> list[str]:
@@ -296,9 +310,10 @@ def resume_config(out_dir: Path, overrides: list[tuple[str, object]]) -> Config:
 
 
 def resumed_run(resume: str, preset: str | None, family: str | None, iterations: int | None,
-                overrides: list[str] | None) -> tuple[Config, Path]:
+                overrides: list[str] | None, accept_numerics_change: bool = False) -> tuple[Config, Path]:
     """The checkpointed run in ``resume`` and its config; ``preset``/``family``, when given, must
-    be the run's own, and ``overrides`` (``key=value`` texts) may only change ``iterations``."""
+    be the run's own, ``overrides`` (``key=value`` texts) may only change ``iterations``, and the
+    numerics must be the checkpoint's unless ``accept_numerics_change``."""
     out_dir = Path(resume).expanduser().resolve()
     pairs = [parse_override(text) for text in overrides or []]
     if iterations is not None:
@@ -307,7 +322,46 @@ def resumed_run(resume: str, preset: str | None, family: str | None, iterations:
     for name, given in (("preset", preset), ("family", family)):
         if given is not None and given != getattr(config, name):
             raise ConfigError(f"--resume: the run in {out_dir} is {name} '{getattr(config, name)}', not '{given}'")
+    if not accept_numerics_change:
+        require_same_numerics(out_dir, config)
     return config, out_dir
+
+
+def numerics_change(out_dir: Path, config: Config) -> tuple[dict, dict] | None:
+    """(recorded, current) numerics fingerprints when a resume of ``config`` would change them."""
+    recorded = read_metadata(out_dir).get("numerics") or UNRECORDED
+    current = numerics_fingerprint(config)
+    return None if recorded == current else (recorded, current)
+
+
+def require_same_numerics(out_dir: Path, config: Config) -> None:
+    change = numerics_change(out_dir, config)
+    if change is None:
+        return
+    version = read_metadata(out_dir).get("solrl_version")
+    raise CheckpointError(
+        f"cannot resume: {out_dir} was written under {describe(change[0])} by "
+        f"{f'solrl {version}' if version else 'an earlier solrl'}, this code (solrl {package_version()}) runs "
+        f"{describe(change[1])}; resuming would mix the two in one ledger: start a new run, or continue it knowingly "
+        f"with `solrl run --resume {out_dir} --accept-numerics-change`")
+
+
+def accept_numerics(out_dir: Path, config: Config) -> bool:
+    """Record in the checkpoint that the run continues under this code's numerics: the fingerprint
+    becomes the current one and the one it replaces joins ``numerics_history`` with the iteration
+    it ended before. False (nothing written) when the numerics did not change."""
+    change = numerics_change(out_dir, config)
+    if change is None:
+        return False
+    metadata, tensors = read_metadata(out_dir), require_intact(out_dir)
+    history = [*metadata.get("numerics_history", []),
+               {"before_iteration": metadata["next_iteration"], "numerics": change[0],
+                "solrl_version": metadata.get("solrl_version", "unknown")}]
+    text = json.dumps({**metadata, "numerics": change[1], "solrl_version": package_version(),
+                       "numerics_history": history})
+    atomic_write(out_dir / CHECKPOINT, lambda temporary: save_file(
+        tensors, temporary, metadata={"solrl": text, DIGEST_KEY: tensors_digest(tensors, text)}))
+    return True
 
 
 def restore(state, checkpoint: Checkpoint) -> None:

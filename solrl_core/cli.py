@@ -1,4 +1,4 @@
-"""The `solrl` command: run, check, config, presets, families, pretrain, sample, fidelity, compare,
+"""The `solrl` command: run, check, config, presets, families, pretrain, sample, export, fidelity, compare,
 study (the DVC study's stages), sweep.
 
 User errors (bad config, unknown names, missing model files, an unwritable output directory, a
@@ -36,11 +36,13 @@ from pathlib import Path
 from solrl_core import distributed, interrupts
 from solrl_core import launch as launching
 from solrl_core import recipes, run_lock
-from solrl_core.checkpoint import (CheckpointError, read_metadata, require_intact, require_resumable,
-                                   require_resumable_world, resumed_run)
+from solrl_core.checkpoint import (CheckpointError, accept_numerics, read_metadata, require_intact,
+                                   require_resumable, require_resumable_world, resumed_run)
 from solrl_core.cli_studies import STUDY_COMMANDS, add_study_commands, one_value_each, output_path, with_flag
 from solrl_core.command_errors import RUN_FAILED, USER_ERROR, RunFailed, UserError
 from solrl_core.config import ConfigError, config_keys, one_line, parse_override, to_yaml
+from solrl_core.export import add_arguments as add_export_arguments
+from solrl_core.export import command_export
 from solrl_core.interrupts import RunInterrupted
 from solrl_core.launch import PREFECT_CONTEXT_VARIABLE, from_arguments
 from solrl_core.launch import add_arguments as add_scale_out_arguments
@@ -102,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR",
                      help="continue the interrupted run in DIR from its last checkpoint (its own config; "
                           "-S iterations=N may extend it)")
+    run.add_argument("--accept-numerics-change", action="store_true",
+                     help="with --resume: continue a run whose checkpoint records other numerics than this code "
+                          "runs (the checkpoint then records the change); refused without it")
     run.add_argument("--no-tracking", action="store_true", help="do not log the run to MLflow")
     run.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
@@ -129,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", help="the output directory `solrl run` would get: checked to be new and writable")
 
     add_sample_arguments(commands.add_parser("sample", help="draw images from a run's adapters"))
+    add_export_arguments(commands.add_parser("export", help="write a run's adapter in diffusers' or PEFT's format"))
     commands.add_parser("presets", help="list the presets, each with its description")
     commands.add_parser("families", help="list the method families, each with its description")
     return parser
@@ -201,12 +207,17 @@ def command_run(args: argparse.Namespace, runners: FlowRunners | None = None) ->
         if writer:  # a folder another run is writing: say so, not what its half-written files look like
             run_lock.require_free(resume_dir)
         overrides_from_args(args)  # --iterations against -S iterations=, before the checkpoint is read
-        config, out_dir = resumed_run(args.resume, args.preset, args.family, args.iterations, args.overrides)
+        config, out_dir = resumed_run(args.resume, args.preset, args.family, args.iterations, args.overrides,
+                                      accept_numerics_change=args.accept_numerics_change)
         require_resumable_world(out_dir, world_size)
         # flipped bytes, a damaged or edited ledger or metrics file: one line now, not after Prefect
         # starts; only the folder's writer drops what lies past the checkpoint
         require_resumable(out_dir) if writer else require_intact(out_dir)
+        if writer and args.accept_numerics_change:  # the flow, and torchrun's ranks, then find the numerics agree
+            accept_numerics(out_dir, config)
     else:
+        if args.accept_numerics_change:
+            raise UserError("--accept-numerics-change is for --resume DIR: a new run records this code's numerics")
         if not args.out:
             raise UserError("--out DIR is required (a new directory), or --resume DIR to continue a run")
         config = resolve_from_args(args)
@@ -466,7 +477,8 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": command_run, "config": command_config, "pretrain": command_pretrain, "check": command_check,
-            "sample": command_sample, "presets": command_presets, "families": command_families, **STUDY_COMMANDS}
+            "sample": command_sample, "export": command_export, "presets": command_presets,
+            "families": command_families, **STUDY_COMMANDS}
 
 
 def _is_main_rank() -> bool:

@@ -159,7 +159,7 @@ def _read_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     try:
         every, _ = load_verified(path, "adapter file")
     except CheckpointError as error:
-        raise UserError(f"{error}; sample another run, or resume this one to write them again") from None
+        raise UserError(f"{error}; use another run, or resume this one to write them again") from None
     tensors = {key.removeprefix(prefix): tensor for key, tensor in every.items() if key.startswith(prefix)}
     if not tensors:
         raise UserError(f"{path} holds no adapters")
@@ -183,7 +183,7 @@ def draw(run: RunAdapters, prompts: list[str], seeds: list[int], adapter: str) -
         policy = load_policy(config)
     except ModelFilesMissing as missing:
         raise UserError(str(missing)) from None
-    _load_adapters(policy, run)
+    load_adapters(policy, run)
     # The evaluation loop reads only the state's config and policy: no rewards or optimizer are built.
     state = stages.RunState(config=config, policy=policy, rewards=None, optimizer=None, train_prompts=[],
                             eval_prompts=prompts)
@@ -194,7 +194,9 @@ def draw(run: RunAdapters, prompts: list[str], seeds: list[int], adapter: str) -
     return policy.decode(latents.to(policy.device)).cpu()
 
 
-def _load_adapters(policy, run: RunAdapters) -> None:
+def load_adapters(policy, run: RunAdapters) -> None:
+    """Attach the run's three adapters to ``policy`` with the run's rank, alpha and targets, and load the
+    run's weights into them (what `solrl sample` draws with; the export tests compare against it)."""
     from solrl_core.models.adapters import attach_adapters, load_adapter_state  # deferred: peft, at import time
 
     lora = run.config.train.lora

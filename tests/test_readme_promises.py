@@ -20,9 +20,10 @@ README = ROOT / "README.md"
 TABLE_PAGE = ROOT / "docs" / "reliability.md"
 TABLE_SECTION = "Promises and their tests"
 # The pages whose promises the table covers, every section of each (bad input, resume, faults,
-# orchestration and its services, real models' missing files, scale-out, safe loading).
+# orchestration and its services, real models' missing files, scale-out, safe loading, exported adapters).
 PAGES = ("README.md", "docs/reliability.md", "docs/cli.md", "docs/configuration.md", "docs/real-models.md",
-         "docs/explorers.md", "docs/orchestration.md", "docs/distributed.md", "docs/tracking.md", "docs/study.md")
+         "docs/explorers.md", "docs/orchestration.md", "docs/distributed.md", "docs/tracking.md", "docs/study.md",
+         "docs/adapters.md")
 # Sections every page set must still have: the README's security section and the reliability
 # page's own, so the pages cannot lose their promises by losing a heading.
 REQUIRED = {"README.md": ("Security and safe loading",),

@@ -29,8 +29,8 @@ from solrl_core.models.sana import SANA_1600M, load_sana
 from solrl_core.models.sd3 import SD35_LARGE, load_sd3
 from solrl_core.world import SHAPES_TINY_CHECKPOINT
 
-__all__ = ["MODELS", "ModelFilesMissing", "ModelPreset", "ModelSpec", "SHAPES_TINY_CHECKPOINT", "check_model_files",
-           "load_policy", "model_spec", "resolve_device", "resolve_dtype"]
+__all__ = ["MODELS", "LoraFormat", "ModelFilesMissing", "ModelPreset", "ModelSpec", "SHAPES_TINY_CHECKPOINT",
+           "check_model_files", "load_policy", "model_spec", "resolve_device", "resolve_dtype"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,15 @@ class ModelPreset:
 
 
 @dataclass(frozen=True)
+class LoraFormat:
+    """Whose LoRA format a run's adapter exports to (`solrl export`, solrl_core.models.lora_formats)."""
+
+    pipeline: str  # the diffusers pipeline class whose save_lora_weights / load_lora_weights define the file
+    transformer: str  # the diffusers class of the transformer the adapter sits on
+    base_model: str | None  # the base's Hugging Face repo (model card, PEFT config); None: the embedded world
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     loader: str  # the name ``model.loader`` holds
     load: Callable[[ModelConfig, torch.device, torch.dtype], FlowPolicy]
@@ -58,6 +67,7 @@ class ModelSpec:
     # Class names of the transformer's repeated blocks, each compiled in place by model.compile=blocks
     # (solrl_core.models.compilation); diffusers' _repeated_blocks where the class declares them.
     repeated_blocks: tuple[str, ...] = ()
+    lora_format: LoraFormat | None = None  # None: `solrl export` cannot write this model's adapters
 
 
 def _load_shapes_tiny(model: ModelConfig, device: torch.device, dtype: torch.dtype) -> FlowPolicy:
@@ -119,7 +129,8 @@ SD3_BLOCKS = ("JointTransformerBlock",)
 
 # SPEC section 8, one record per model: the data that differs between models.
 MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
-    ModelSpec("shapes-tiny", _load_shapes_tiny, _check_tiny_files, repeated_blocks=FLUX_BLOCKS),
+    ModelSpec("shapes-tiny", _load_shapes_tiny, _check_tiny_files, repeated_blocks=FLUX_BLOCKS,
+              lora_format=LoraFormat("FluxPipeline", "FluxTransformer2DModel", None)),
     ModelSpec("flux", load_flux, _folder_check(FLUX_DEV), ModelPreset(
         "flux.1-dev", "FLUX.1-dev (FluxPipeline), 512 px, DPM-Solver-2, guidance embedding 1.0",
         settings={
@@ -131,7 +142,8 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
         },
         runs={"flux-imagereward": {"imagereward": 1.0}, "flux-clipscore": {"clipscore": 1.0}},
         # FLUX's shift follows its resolution.
-        derived={"sampler.shift": lambda config: flux_shift(config.model.resolution)}), FLUX_BLOCKS),
+        derived={"sampler.shift": lambda config: flux_shift(config.model.resolution)}), FLUX_BLOCKS,
+        LoraFormat(FLUX_DEV.pipeline, "FluxTransformer2DModel", FLUX_DEV.hub_repo)),
     ModelSpec("sana", load_sana, _folder_check(SANA_1600M), ModelPreset(
         "sana-1.6b", "SANA 1.6B (SanaPipeline), 1024 px, Euler",
         settings={
@@ -142,7 +154,8 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
             "train": {"timestep_fraction": 0.6, "lora": {"targets": ATTENTION}},
             "eval": {"steps": 40},
         },
-        runs={"sana-hpsv2": {"hpsv2": 1.0}}), SANA_BLOCKS),
+        runs={"sana-hpsv2": {"hpsv2": 1.0}}), SANA_BLOCKS,
+        LoraFormat(SANA_1600M.pipeline, "SanaTransformer2DModel", SANA_1600M.hub_repo)),
     ModelSpec("sd3", load_sd3, _folder_check(SD35_LARGE), ModelPreset(
         "sd3.5-large", "Stable Diffusion 3.5 Large (StableDiffusion3Pipeline), 1024 px, DPM-Solver-2",
         settings={
@@ -152,7 +165,8 @@ MODELS: dict[str, ModelSpec] = {spec.loader: spec for spec in (
             "train": {"timestep_fraction": 0.6, "lora": {"targets": JOINT_ATTENTION}},
             "eval": {"steps": 40},
         },
-        runs={"sd35l-pickscore": {"pickscore": 1.0}}), SD3_BLOCKS),
+        runs={"sd35l-pickscore": {"pickscore": 1.0}}), SD3_BLOCKS,
+        LoraFormat(SD35_LARGE.pipeline, "SD3Transformer2DModel", SD35_LARGE.hub_repo)),
 )}
 
 
