@@ -36,19 +36,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from solrl_core.ledger import write_json  # noqa: E402
-from solrl_core.compare_stats import pair_difference  # noqa: E402
-from solrl_core.intervals import holm, verdict  # noqa: E402
+from solrl_core.compare_stats import apply_holm, evaluation_error, pair_difference  # noqa: E402
+from solrl_core.compare_stats import evaluation_errors as evaluation_errors_of  # noqa: E402
 from solrl_core.seed_stats import mean_se  # noqa: E402
 
 
 def evaluation_errors(reports: list[dict]) -> dict[str, dict]:
     """The final's evaluation-set SE of every pair a report scored per image, and over how many images."""
-    errors = {}
-    for report in reports:
-        spread = report.get("final_reward_spread") or {}
-        for pair, entry in spread.get("paired_differences", {}).items():
-            errors[pair] = {"se": entry["se"], "images": spread["images"]}
-    return errors
+    return {pair: entry for report in reports
+            for pair, entry in evaluation_errors_of(report.get("final_reward_spread")).items()}
 
 
 def family_finals(reports: list[dict]) -> dict[str, dict]:
@@ -103,13 +99,11 @@ def differences(families: dict[str, dict], pairs: list[tuple[str, str]],
             raise SystemExit(f"final_differences: {a} and {b} ran to different budgets")
     result = {}
     for a, b in pairs:
-        spread = (evaluation or {}).get(f"{a} - {b}") or (evaluation or {}).get(f"{b} - {a}")
+        spread = evaluation_error(evaluation or {}, a, b)
         result[f"{a} - {b}"] = pair_difference(families[a]["finals"], families[b]["finals"],
                                                families[a]["seeds"] == families[b]["seeds"],
                                                spread and spread["se"], spread and spread["images"] - 1)
-    for entry, adjusted in zip(result.values(), holm([entry["p"] for entry in result.values()])):
-        entry["p_holm"], entry["verdict"] = adjusted, None
-        entry["verdict"] = verdict(entry)
+    apply_holm(list(result.values()))
     return result
 
 

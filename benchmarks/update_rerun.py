@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.final_differences import family_finals  # noqa: E402
 from solrl_core.ledger import write_json  # noqa: E402
-from solrl_core.compare_stats import iterations_done, pair_difference, reward_after  # noqa: E402
-from solrl_core.intervals import holm, verdict  # noqa: E402
+from solrl_core.compare_stats import apply_holm, iterations_done, pair_difference, reward_after  # noqa: E402
 from solrl_core.seed_stats import mean_se  # noqa: E402
 
 ITERATION_STEP = 8
@@ -47,10 +46,7 @@ def equal_iterations(report: dict, pairs: list[tuple[str, str]], step: int = ITE
     differences = {f"{a} - {b}": [{"iterations": k, **pair_difference(per_seed[a][k], per_seed[b][k],
                                                                       seeds[a] == seeds[b])} for k in grid[1:]]
                    for a, b in pairs if a in per_seed and b in per_seed}
-    entries = [entry for points in differences.values() for entry in points]
-    for entry, adjusted in zip(entries, holm([entry["p"] for entry in entries])):
-        entry["p_holm"] = adjusted
-        entry["verdict"] = verdict(entry)
+    apply_holm([entry for points in differences.values() for entry in points])
     return {"grid": grid, "families": table, "differences": differences}
 
 

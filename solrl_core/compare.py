@@ -359,6 +359,7 @@ def build_report(variants: dict[str, Config], results: dict, budget: float, metr
     report["seed_statistics"] = seed_statistics(runs, points, device, also_profiles, report["final_reward_spread"],
                                                 speedup_fraction)
     headlines(report)
+    report["paper"] = {"speedup_to_equal_reward": PAPER_SPEEDUP_TO_EQUAL_REWARD}
     return report
 
 
@@ -505,7 +506,7 @@ def restate_report(report: dict, speedup_fraction: float | None = None) -> dict:
     statistics = compare_stats.statistics(
         points, {name: [run["seed"] for run in entry["runs"]] for name, entry in families.items()},
         statistic_pairs({name: entry["family"] for name, entry in families.items()}), profiles, device, BASELINE,
-        eval_se=eval_standard_errors(report.get("final_reward_spread")), fraction=fraction)
+        eval_se=compare_stats.evaluation_errors(report.get("final_reward_spread")), fraction=fraction)
     for profile, entry in statistics["profiles"].items():
         entry.update({key: recorded[profile][key] for key in ("role", "basis") if key in recorded.get(profile, {})})
     restated = {**report, "seed_statistics": statistics}
@@ -531,21 +532,13 @@ def seed_statistics(runs: dict[str, list[dict]], points: dict[str, list[list[dic
     statistics = compare_stats.statistics(
         points, {name: [run["seed"] for run in seed_list] for name, seed_list in runs.items()},
         statistic_pairs(trained_families(runs)),
-        profiles, device, BASELINE, eval_se=eval_standard_errors(spread), fraction=speedup_fraction)
+        profiles, device, BASELINE, eval_se=compare_stats.evaluation_errors(spread), fraction=speedup_fraction)
     utilization = runs[next(iter(runs))][0]["config"].accounting.utilization
     for profile, entry in statistics["profiles"].items():
         entry["role"] = ("the runs' own profile: it sized the budget" if profile == device else
                          f"re-costed from the recorded FLOPs of the same runs; the budget was sized under {device}")
         entry["basis"] = profile_basis(profile, utilization)
     return statistics
-
-
-def eval_standard_errors(spread: dict | None) -> dict[str, dict]:
-    """Each pair's evaluation-set SE at the finals, and over how many images."""
-    if not spread:
-        return {}
-    return {pair: {"se": entry["se"], "images": spread["images"]}
-            for pair, entry in spread.get("paired_differences", {}).items()}
 
 
 def profile_curve(run: dict, seed_points: list[dict], profile: str, device: str) -> Curve:

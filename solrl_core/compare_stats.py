@@ -55,7 +55,22 @@ def pair_difference(a: Sequence[float], b: Sequence[float], same_seeds: bool, ex
     return entry
 
 
-def _apply_holm(entries: list[dict]) -> int:
+def evaluation_errors(spread: dict | None) -> dict[str, dict]:
+    """Each pair's evaluation-set SE at the finals, and over how many images, from a report's
+    ``final_reward_spread``."""
+    if not spread:
+        return {}
+    return {pair: {"se": entry["se"], "images": spread["images"]}
+            for pair, entry in spread.get("paired_differences", {}).items()}
+
+
+def evaluation_error(errors: dict[str, dict], a: str, b: str) -> dict | None:
+    """``a - b``'s evaluation-set SE: the same for the pair read either way round."""
+    return errors.get(f"{a} - {b}") or errors.get(f"{b} - {a}")
+
+
+def apply_holm(entries: list[dict]) -> int:
+    """Each entry's Holm-adjusted p and verdict over ``entries`` as one family of claims; their count."""
     adjusted = intervals.holm([entry.get("p") for entry in entries])
     for entry, p in zip(entries, adjusted):
         entry["p_holm"] = p
@@ -81,8 +96,7 @@ def statistics(points: dict[str, list[list[dict]]], seeds: dict[str, list[int]],
 
     final_differences = {}
     for a, b in pairs:
-        # the evaluation set's SE is the same for a pair read either way round
-        spread = (eval_se or {}).get(f"{a} - {b}") or (eval_se or {}).get(f"{b} - {a}")
+        spread = evaluation_error(eval_se or {}, a, b)
         entry = pair_difference(finals[a], finals[b], same[(a, b)], spread and spread["se"],
                                 spread and spread["images"] - 1)
         final_differences[f"{a} - {b}"] = entry
@@ -102,7 +116,7 @@ def statistics(points: dict[str, list[list[dict]]], seeds: dict[str, list[int]],
         primary += [entry["threshold"] for entry in speedups[device].values()]
 
     shared = len({tuple(s) for s in seeds.values()}) == 1
-    holm = {"primary": _apply_holm(primary), "curve_points": _apply_holm(curve_points)}
+    holm = {"primary": apply_holm(primary), "curve_points": apply_holm(curve_points)}
     return {
         "method": {"interval": "Welch's t (unequal spreads, Welch-Satterthwaite df), scipy.stats.t quantiles",
                    "confidence": intervals.CONFIDENCE,

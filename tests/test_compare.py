@@ -152,6 +152,7 @@ def test_compare_cli_runs_every_family_through_one_loop(tmp_path):
     # One seed a family: every difference is stated, none is resolved (no interval from one seed).
     difference = report["seed_statistics"]["final_differences"]["naive_quant - sol_rl"]
     assert difference["ci"] is None and difference["verdict"] == "undefined"
+    assert report["paper"]["speedup_to_equal_reward"]["FLUX.1"] == 3.00  # the paper's figures beside ours
     assert len(report["grid"]) == 2 and set(report["grid"][0]["rewards"]) == {
         "base", "diffusionnft", "naive_quant", "sol_rl"}
     for name in ("compare.png", "compare.md", "samples_grid.png", "README.md"):
